@@ -1,0 +1,41 @@
+// Shared helpers of the binding files: timeouts and interruptible waits. No core logic here.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <chrono>
+#include <optional>
+
+#include "shm/pool.h"
+#include "sync/futex.h"
+
+namespace stubhost::bindings {
+
+namespace py = pybind11;
+
+void bind_pool(py::module_& m);
+void bind_ipc(py::module_& m);
+void bind_tensor(py::module_& m);
+void bind_dlpack(py::module_& m);
+
+/// Raises ValueError if the pool was closed by this process.
+Pool& open_pool(const std::shared_ptr<Pool>& pool);
+
+/// Runs attempt(slice_deadline) with the GIL released, in slices of at most 200 ms, checking for
+/// signals (Ctrl-C) between slices. `attempt` returns something truthy when done.
+/// Returns the last result (falsy on timeout).
+template <class Attempt>
+auto interruptible(std::optional<double> timeout, Attempt&& attempt) {
+  const Deadline total = Deadline::after(timeout);
+  for (;;) {
+    decltype(attempt(total)) result;
+    {
+      py::gil_scoped_release release;
+      result = attempt(total.capped(std::chrono::milliseconds(200)));
+    }
+    if (result || total.expired()) return result;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
+}  // namespace stubhost::bindings

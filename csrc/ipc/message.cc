@@ -1,0 +1,48 @@
+#include "ipc/message.h"
+
+#include <new>
+#include <string>
+
+#include "common/errors.h"
+
+namespace stubhost {
+
+IPCMessage IPCMessage::create(const std::shared_ptr<Pool>& pool, Command command, uint64_t args,
+                              uint64_t request_id, bool inline_reply) {
+  const uint64_t h = pool->allocate(sizeof(IPCMessageShm));
+  auto* m = new (pool->resolve(h, sizeof(IPCMessageShm))) IPCMessageShm;
+  m->magic = kMessageMagic;
+  m->command = static_cast<uint32_t>(command);
+  m->args = args;
+  m->request_id = request_id;
+  m->flags = inline_reply ? kMessageInlineReply : 0;
+  m->reply_status = 0;
+  m->reply_args = kNullHandle;
+  m->reply_ready.init(0);
+  m->reserved = 0;
+  // Published by the queue push that carries the handle (its release store orders these writes).
+  return IPCMessage(pool, h, m);
+}
+
+IPCMessage IPCMessage::attach(const std::shared_ptr<Pool>& pool, uint64_t handle) {
+  auto* m = reinterpret_cast<IPCMessageShm*>(pool->resolve(handle, sizeof(IPCMessageShm)));
+  if (m->magic != kMessageMagic) throw InvalidHandleError("handle does not name an IPC message");
+  if (m->command == 0 || m->command > kMaxCommand) {
+    throw CorruptionError("IPC message carries unknown command " + std::to_string(m->command));
+  }
+  return IPCMessage(pool, handle, m);
+}
+
+void IPCMessage::reply(uint32_t status, uint64_t reply_args) noexcept {
+  m_->reply_status = status;
+  m_->reply_args = reply_args;
+  // SYNC POINT WRITE: post() releases the two fields above to the waiter.
+  m_->reply_ready.post();
+}
+
+bool IPCMessage::wait_reply(const Deadline& deadline) {
+  // SYNC POINT READ: wait() acquires the reply fields written before post().
+  return m_->reply_ready.wait(deadline);
+}
+
+}  // namespace stubhost

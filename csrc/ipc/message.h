@@ -1,0 +1,88 @@
+// IPCMessage: one command crossing a queue, with an optional inline-reply completion slot.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "shm/pool.h"
+#include "sync/futex.h"
+
+namespace stubhost {
+
+constexpr uint32_t kMessageMagic = 0x47534d53;  // "SMSG"
+
+/// Commands of the parent/stub protocol (names follow Triton's Python backend).
+enum class Command : uint32_t {
+  kInitializeRequest = 1,
+  kInitializeResponse = 2,
+  kExecuteRequest = 3,
+  kExecuteResponse = 4,
+  kFinalizeRequest = 5,
+  kFinalizeResponse = 6,
+  kAutoCompleteRequest = 7,
+  kAutoCompleteResponse = 8,
+  kInferExecRequest = 9,         // BLS
+  kInferExecResponse = 10,
+  kInferStreamExecRequest = 11,  // decoupled BLS
+  kResponseSend = 12,            // decoupled response
+  kResponseClose = 13,
+  kLogRequest = 14,
+  kMetricRequest = 15,
+  kModelControlRequest = 16,
+  kCancelRequest = 17,
+  kIsRequestCancelled = 18,
+  kMemoryRelease = 19,           // memory manager: a buffer may be freed
+  kPing = 20,                    // health / benchmarks
+  kShutdown = 21,
+};
+constexpr uint32_t kMaxCommand = 21;
+
+constexpr uint32_t kMessageInlineReply = 1u;  // the sender waits on reply_ready
+
+struct IPCMessageShm {
+  uint32_t magic;
+  uint32_t command;        // a Command
+  uint64_t args;           // handle of the command's arguments, or 0
+  uint64_t request_id;
+  uint32_t flags;          // kMessageInlineReply
+  uint32_t reply_status;   // 0 = ok; otherwise an error code chosen by the protocol layer
+  uint64_t reply_args;     // handle of the reply's payload, or 0
+  ShmSemaphore reply_ready;
+  uint64_t reserved;
+};
+static_assert(offsetof(IPCMessageShm, args) == 8, "message layout");
+static_assert(offsetof(IPCMessageShm, reply_args) == 32, "message layout");
+static_assert(offsetof(IPCMessageShm, reply_ready) == 40, "message layout");
+static_assert(sizeof(IPCMessageShm) == 64, "message layout");
+
+/// A process-local view of one message. The sender owns the allocation and frees it.
+class IPCMessage {
+ public:
+  static IPCMessage create(const std::shared_ptr<Pool>& pool, Command command, uint64_t args,
+                           uint64_t request_id, bool inline_reply);
+  /// Validates the message at `handle` (magic, command range).
+  static IPCMessage attach(const std::shared_ptr<Pool>& pool, uint64_t handle);
+
+  uint64_t handle() const noexcept { return handle_; }
+  uint32_t command() const noexcept { return m_->command; }
+  uint64_t args() const noexcept { return m_->args; }
+  uint64_t request_id() const noexcept { return m_->request_id; }
+  bool inline_reply() const noexcept { return (m_->flags & kMessageInlineReply) != 0; }
+  uint32_t reply_status() const noexcept { return m_->reply_status; }
+  uint64_t reply_args() const noexcept { return m_->reply_args; }
+
+  /// Writes the reply and wakes the sender (responder side). Any thread, once per message.
+  void reply(uint32_t status, uint64_t reply_args) noexcept;
+  /// Waits for reply() (sender side). Returns false on timeout.
+  bool wait_reply(const Deadline& deadline);
+
+ private:
+  IPCMessage(std::shared_ptr<Pool> pool, uint64_t handle, IPCMessageShm* m)
+      : pool_(std::move(pool)), handle_(handle), m_(m) {}
+
+  std::shared_ptr<Pool> pool_;
+  uint64_t handle_;
+  IPCMessageShm* m_;
+};
+
+}  // namespace stubhost

@@ -1,0 +1,114 @@
+#include "sync/futex.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <ctime>
+
+#include "common/errors.h"
+
+namespace stubhost {
+namespace {
+std::atomic<int64_t> g_spin_budget_ns{20000};
+}
+
+std::chrono::nanoseconds spin_budget() noexcept {
+  return std::chrono::nanoseconds(g_spin_budget_ns.load(std::memory_order_relaxed));
+}
+
+void set_spin_budget(std::chrono::nanoseconds budget) noexcept {
+  g_spin_budget_ns.store(budget.count() < 0 ? 0 : budget.count(), std::memory_order_relaxed);
+}
+
+Deadline Deadline::after(std::optional<double> seconds) {
+  Deadline d;
+  if (seconds && *seconds >= 0) {
+    // Clamp absurd values so the arithmetic below cannot overflow.
+    const double s = *seconds > 1e9 ? 1e9 : *seconds;
+    d.at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+  }
+  return d;
+}
+
+std::chrono::nanoseconds Deadline::remaining(std::chrono::nanoseconds cap) const noexcept {
+  if (!at_) return cap;
+  const auto left = *at_ - Clock::now();
+  if (left.count() <= 0) return std::chrono::nanoseconds(0);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left);
+  return ns < cap ? ns : cap;
+}
+
+Deadline Deadline::capped(std::chrono::nanoseconds slice) const noexcept {
+  Deadline d;
+  const auto limit = Clock::now() + slice;
+  d.at_ = (at_ && *at_ < limit) ? *at_ : limit;
+  return d;
+}
+
+bool futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "futex word must be 32 bits");
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
+  const long rc = ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts,
+                            nullptr, 0);
+  if (rc == 0) return true;
+  switch (errno) {
+    case EAGAIN:  // the word already changed
+    case EINTR:
+      return true;
+    case ETIMEDOUT:
+      return false;
+    default:
+      throw SystemError("futex wait", errno);
+  }
+}
+
+void futex_wake(std::atomic<uint32_t>* word, int count) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, count, nullptr, nullptr, 0);
+}
+
+void ShmEventCount::init() noexcept {
+  seq.store(0, std::memory_order_relaxed);
+  waiters.store(0, std::memory_order_relaxed);
+}
+
+void ShmEventCount::notify(int count) noexcept {
+  // SYNC POINT WRITE: pairs with wait_until(); see the comment there.
+  seq.fetch_add(1, std::memory_order_seq_cst);
+  if (waiters.load(std::memory_order_seq_cst) != 0) futex_wake(&seq, count < 0 ? INT32_MAX : count);
+}
+
+void ShmSemaphore::init(uint32_t initial) noexcept {
+  count.store(initial, std::memory_order_relaxed);
+  reserved = 0;
+  event.init();
+}
+
+void ShmSemaphore::post() noexcept {
+  count.fetch_add(1, std::memory_order_release);
+  event.notify(1);
+}
+
+bool ShmSemaphore::try_wait() noexcept {
+  uint32_t c = count.load(std::memory_order_relaxed);
+  while (c != 0) {
+    if (count.compare_exchange_weak(c, c - 1, std::memory_order_acquire, std::memory_order_relaxed))
+      return true;
+  }
+  return false;
+}
+
+bool ShmSemaphore::wait(const Deadline& deadline) {
+  for (;;) {
+    if (try_wait()) return true;
+    const bool available = event.wait_until(
+        [this] { return count.load(std::memory_order_relaxed) != 0; }, deadline);
+    if (!available) return try_wait();
+  }
+}
+
+}  // namespace stubhost

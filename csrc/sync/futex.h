@@ -1,0 +1,121 @@
+// Futex-based waiting primitives that live in shared memory and work across processes.
+//
+// All of them hold no lock while a process waits, so a peer that dies while waiting or while
+// signalling can never leave the other side blocked beyond its own timeout.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+
+namespace stubhost {
+
+using Clock = std::chrono::steady_clock;
+
+/// A point in time after which a wait gives up; std::nullopt means "wait for ever".
+class Deadline {
+ public:
+  /// `seconds` < 0 or nullopt waits for ever; 0 polls once.
+  static Deadline after(std::optional<double> seconds);
+  static Deadline never() { return Deadline(); }
+
+  bool infinite() const noexcept { return !at_.has_value(); }
+  bool expired() const noexcept { return at_ && Clock::now() >= *at_; }
+  /// Time left, clamped at zero; for an infinite deadline, `cap`.
+  std::chrono::nanoseconds remaining(std::chrono::nanoseconds cap) const noexcept;
+  /// The earlier of this deadline and now + `slice`.
+  Deadline capped(std::chrono::nanoseconds slice) const noexcept;
+
+ private:
+  std::optional<Clock::time_point> at_;
+};
+
+/// FUTEX_WAIT on a shared word: sleeps while *word == expected, at most `timeout`.
+/// Returns false on timeout; spurious wake-ups return true (callers re-check their condition).
+bool futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout);
+/// Wakes up to `count` processes sleeping on `word`.
+void futex_wake(std::atomic<uint32_t>* word, int count);
+
+/// CPU hint for a spin-wait loop.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+/// Process-wide spin budget before a waiter goes to sleep, in nanoseconds (0 disables spinning).
+/// A short spin pays when the peer answers within microseconds on another core: it saves the
+/// futex sleep and wake-up (5-12 us across cores on our VMs). Settable at run time.
+std::chrono::nanoseconds spin_budget() noexcept;
+void set_spin_budget(std::chrono::nanoseconds budget) noexcept;
+
+/// Spins until ready() is true or the budget (or the deadline) runs out.
+template <class Ready>
+bool spin_until(Ready&& ready, const Deadline& deadline) {
+  const auto budget = spin_budget();
+  if (budget.count() <= 0) return ready();
+  const auto stop = Clock::now() + budget;
+  for (uint32_t i = 1;; ++i) {
+    if (ready()) return true;
+    cpu_relax();
+    if ((i & 63u) == 0 && (Clock::now() >= stop || deadline.expired())) return ready();
+  }
+}
+
+/// An event count in shared memory: waiters announce themselves, re-check their condition, then
+/// sleep on a sequence word that every notify bumps. No notification can be lost between the
+/// check and the sleep. Any process may notify or wait concurrently.
+struct ShmEventCount {
+  std::atomic<uint32_t> seq;
+  std::atomic<uint32_t> waiters;
+
+  void init() noexcept;
+  /// Wakes up to `count` waiters (all if count < 0). Call after making the condition true.
+  void notify(int count) noexcept;
+  /// Waits until ready() holds or the deadline passes; spins first. Returns ready().
+  template <class Ready>
+  bool wait_until(Ready&& ready, const Deadline& deadline);
+};
+static_assert(sizeof(ShmEventCount) == 8, "ShmEventCount layout");
+
+template <class Ready>
+bool ShmEventCount::wait_until(Ready&& ready, const Deadline& deadline) {
+  if (spin_until(ready, deadline)) return true;
+  for (;;) {
+    // SYNC POINT READ: pairs with notify(); waiters++ before reading seq, and the notifier bumps
+    // seq before reading waiters, so one of the two always sees the other (seq_cst on both).
+    waiters.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t key = seq.load(std::memory_order_seq_cst);
+    if (ready()) {
+      waiters.fetch_sub(1, std::memory_order_relaxed);
+      return true;
+    }
+    if (deadline.expired()) {
+      waiters.fetch_sub(1, std::memory_order_relaxed);
+      return ready();
+    }
+    futex_wait(&seq, key, deadline.remaining(std::chrono::seconds(3600)));
+    waiters.fetch_sub(1, std::memory_order_relaxed);
+    if (ready()) return true;
+  }
+}
+
+/// A counting semaphore in shared memory. post() from any process, wait() from any process.
+struct ShmSemaphore {
+  std::atomic<uint32_t> count;
+  uint32_t reserved;
+  ShmEventCount event;
+
+  void init(uint32_t initial) noexcept;
+  void post() noexcept;
+  /// Takes one unit if available now.
+  bool try_wait() noexcept;
+  /// Takes one unit, waiting until the deadline. Returns false on timeout.
+  bool wait(const Deadline& deadline);
+};
+static_assert(sizeof(ShmSemaphore) == 16, "ShmSemaphore layout");
+
+}  // namespace stubhost
