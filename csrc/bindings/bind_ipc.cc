@@ -1,6 +1,8 @@
 // Bindings of the message queue, the control block and IPC messages.
 #include <pybind11/stl.h>
 
+#include <pybind11/native_enum.h>
+
 #include "bindings/bindings.h"
 #include "ipc/control.h"
 #include "ipc/message.h"
@@ -31,12 +33,13 @@ void bind_ipc(py::module_& m) {
           py::arg("timeout") = py::none(),
           "Take the oldest handle; None if the queue stayed empty until the timeout.");
 
-  py::enum_<ControlQueue>(m, "ControlQueue")
+  py::native_enum<ControlQueue>(m, "ControlQueue", "enum.IntEnum")
       .value("STUB_MESSAGE", ControlQueue::kStubMessage)
       .value("PARENT_MESSAGE", ControlQueue::kParentMessage)
       .value("STUB_TO_PARENT", ControlQueue::kStubToParent)
       .value("PARENT_TO_STUB", ControlQueue::kParentToStub)
-      .value("MEMORY_MANAGER", ControlQueue::kMemoryManager);
+      .value("MEMORY_MANAGER", ControlQueue::kMemoryManager)
+      .finalize();
 
   auto flag = [](std::atomic<uint32_t> IPCControlShm::*field) {
     return py::cpp_function([field](IPCControl& c) { return (c.shm().*field).load() != 0; });
@@ -80,7 +83,7 @@ void bind_ipc(py::module_& m) {
       .def_property("parent_to_stub_mq", p2s_get, p2s_set)
       .def_property("memory_manager_message_queue", mm_get, mm_set);
 
-  py::enum_<Command>(m, "Command")
+  py::native_enum<Command>(m, "Command", "enum.IntEnum")
       .value("INITIALIZE_REQUEST", Command::kInitializeRequest)
       .value("INITIALIZE_RESPONSE", Command::kInitializeResponse)
       .value("EXECUTE_REQUEST", Command::kExecuteRequest)
@@ -101,7 +104,8 @@ void bind_ipc(py::module_& m) {
       .value("IS_REQUEST_CANCELLED", Command::kIsRequestCancelled)
       .value("MEMORY_RELEASE", Command::kMemoryRelease)
       .value("PING", Command::kPing)
-      .value("SHUTDOWN", Command::kShutdown);
+      .value("SHUTDOWN", Command::kShutdown)
+      .finalize();
 
   py::class_<IPCMessage>(m, "IPCMessage", "One protocol message: command, args handle, inline-reply slot.")
       .def_static("create", &IPCMessage::create, py::arg("pool"), py::arg("command"), py::arg("args") = 0,

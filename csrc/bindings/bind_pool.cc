@@ -1,6 +1,8 @@
 // Bindings of the pool, memory views and the stand-alone sync objects.
 #include <pybind11/stl.h>
 
+#include <pybind11/native_enum.h>
+
 #include "bindings/bindings.h"
 #include "common/errors.h"
 #include "sync/shared_objects.h"
@@ -103,10 +105,11 @@ void bind_pool(py::module_& m) {
           },
           py::arg("timeout") = py::none(), "Take one unit; False on timeout (None waits for ever).");
 
-  py::enum_<RobustMutex::LockResult>(m, "LockResult")
+  py::native_enum<RobustMutex::LockResult>(m, "LockResult", "enum.IntEnum")
       .value("ACQUIRED", RobustMutex::LockResult::kAcquired)
       .value("RECOVERED", RobustMutex::LockResult::kRecovered)
-      .value("TIMED_OUT", RobustMutex::LockResult::kTimedOut);
+      .value("TIMED_OUT", RobustMutex::LockResult::kTimedOut)
+      .finalize();
 
   py::class_<SharedMutex>(m, "RobustMutex", "A process-shared robust mutex in a pool.")
       .def_static("create", &SharedMutex::create, py::arg("pool"))

@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include <pybind11/native_enum.h>
+
 #include "bindings/bindings.h"
 #include "common/errors.h"
 #include "tensor/bytes_codec.h"
@@ -60,8 +62,27 @@ uint64_t buffer_nbytes(const py::buffer_info& info) {
 
 }  // namespace
 
+const char* numpy_format(DataType t) {
+  switch (t) {
+    case DataType::kBool: return "?";
+    case DataType::kUint8: return "u1";
+    case DataType::kUint16: return "<u2";
+    case DataType::kUint32: return "<u4";
+    case DataType::kUint64: return "<u8";
+    case DataType::kInt8: return "i1";
+    case DataType::kInt16: return "<i2";
+    case DataType::kInt32: return "<i4";
+    case DataType::kInt64: return "<i8";
+    case DataType::kFp16: return "<f2";
+    case DataType::kFp32: return "<f4";
+    case DataType::kFp64: return "<f8";
+    case DataType::kBf16: return "<u2";
+    default: throw py::value_error(std::string("no numpy form for ") + dtype_name(t) + " tensors");
+  }
+}
+
 void bind_tensor(py::module_& m) {
-  py::enum_<DataType>(m, "DataType", "Triton data types, numbered as TRITONSERVER_DataType.")
+  py::native_enum<DataType>(m, "DataType", "enum.IntEnum", "Triton data types, numbered as TRITONSERVER_DataType.")
       .value("INVALID", DataType::kInvalid)
       .value("BOOL", DataType::kBool)
       .value("UINT8", DataType::kUint8)
@@ -76,11 +97,13 @@ void bind_tensor(py::module_& m) {
       .value("FP32", DataType::kFp32)
       .value("FP64", DataType::kFp64)
       .value("BYTES", DataType::kBytes)
-      .value("BF16", DataType::kBf16);
-  py::enum_<MemoryType>(m, "MemoryType")
+      .value("BF16", DataType::kBf16)
+      .finalize();
+  py::native_enum<MemoryType>(m, "MemoryType", "enum.IntEnum")
       .value("CPU", MemoryType::kCpu)
       .value("CPU_PINNED", MemoryType::kCpuPinned)
-      .value("GPU", MemoryType::kGpu);
+      .value("GPU", MemoryType::kGpu)
+      .finalize();
 
   m.def("dtype_size", &dtype_size, py::arg("dtype"), "Bytes per element (0 for BYTES).");
   m.def("dtype_name", &dtype_name, py::arg("dtype"));
@@ -131,13 +154,25 @@ void bind_tensor(py::module_& m) {
                   uint64_t data_handle, uint64_t data_offset, const py::bytes& ipc) {
         TensorDesc d = make_desc(name, dtype, shape, byte_size, memory_type, device_id, data_handle, data_offset, ipc);
         const uint64_t h = write_tensor(open_pool(pool), d);
-        return py::make_tuple(h, d.data_handle);
+        return py::make_tuple(h, std::move(d));
       },
       py::arg("pool"), py::arg("name"), py::arg("dtype"), py::arg("shape"), py::arg("byte_size"),
       py::arg("memory_type") = MemoryType::kCpu, py::arg("device_id") = 0, py::arg("data_handle") = 0,
       py::arg("data_offset") = 0, py::arg("cuda_ipc_handle") = py::bytes(),
       "Allocate and write a tensor header (with room for CPU data after it unless data_handle is given).\n"
-      "Returns (header_handle, data_handle); freeing header_handle frees both.");
+      "Returns (header_handle, TensorInfo); freeing header_handle frees both.");
+  m.def(
+      "tensor_array",
+      [](const std::shared_ptr<Pool>& pool, const TensorDesc& d) {
+        if (d.memory_type == MemoryType::kGpu) throw py::type_error("a GPU tensor has no numpy view");
+        const char* format = numpy_format(d.dtype);
+        uint8_t* data = open_pool(pool).resolve(d.data_handle, d.byte_size);
+        // The Python Pool object is the array's base: the mapping lives as long as the array.
+        return py::array(py::dtype(format), std::vector<py::ssize_t>(d.shape.begin(), d.shape.end()), {}, data,
+                         py::cast(pool));
+      },
+      py::arg("pool"), py::arg("info"),
+      "Zero-copy numpy view of a CPU tensor's data (BF16 as uint16 words; not for BYTES).");
   m.def(
       "read_tensor", [](const std::shared_ptr<Pool>& pool, uint64_t h) { return read_tensor(open_pool(pool), h); },
       py::arg("pool"), py::arg("handle"), "Read and validate the tensor header at handle.");

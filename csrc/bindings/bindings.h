@@ -8,6 +8,7 @@
 
 #include "shm/pool.h"
 #include "sync/futex.h"
+#include "tensor/dtype.h"
 
 namespace stubhost::bindings {
 
@@ -17,6 +18,10 @@ void bind_pool(py::module_& m);
 void bind_ipc(py::module_& m);
 void bind_tensor(py::module_& m);
 void bind_dlpack(py::module_& m);
+
+/// numpy's format string for a Triton dtype; BF16 (no numpy type) is seen as its raw uint16 words.
+/// Raises ValueError for BYTES and INVALID.
+const char* numpy_format(DataType t);
 
 /// Raises ValueError if the pool was closed by this process.
 Pool& open_pool(const std::shared_ptr<Pool>& pool);

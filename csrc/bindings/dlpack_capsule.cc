@@ -41,26 +41,6 @@ void unconsumed_capsule_destructor(PyObject* capsule) {
   if (managed != nullptr && managed->deleter != nullptr) managed->deleter(managed);
 }
 
-/// numpy's view of a Triton dtype; BF16 has no numpy type and is seen as its raw 16-bit words.
-const char* numpy_format(DataType t) {
-  switch (t) {
-    case DataType::kBool: return "?";
-    case DataType::kUint8: return "u1";
-    case DataType::kUint16: return "<u2";
-    case DataType::kUint32: return "<u4";
-    case DataType::kUint64: return "<u8";
-    case DataType::kInt8: return "i1";
-    case DataType::kInt16: return "<i2";
-    case DataType::kInt32: return "<i4";
-    case DataType::kInt64: return "<i8";
-    case DataType::kFp16: return "<f2";
-    case DataType::kFp32: return "<f4";
-    case DataType::kFp64: return "<f8";
-    case DataType::kBf16: return "<u2";
-    default: throw py::value_error(std::string("no DLPack/numpy form for ") + dtype_name(t));
-  }
-}
-
 }  // namespace
 
 void bind_dlpack(py::module_& m) {

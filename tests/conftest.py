@@ -1,0 +1,62 @@
+"""Shared fixtures: every test must leave /dev/shm and the process table as it found them."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from stubhost import _core
+
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "stubhost"
+
+
+def stubhost_segments() -> set[str]:
+    """Names in /dev/shm that belong to stubhost."""
+    return {n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)}
+
+
+@pytest.fixture(autouse=True)
+def no_shm_leaks() -> Iterator[None]:
+    """Fails a test that leaves stubhost segments behind (and removes them, so one leak is one failure)."""
+    before = stubhost_segments()
+    yield
+    gc.collect()
+    leaked = stubhost_segments() - before
+    for name in leaked:
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+        except FileNotFoundError:
+            pass
+    assert not leaked, f"test leaked shared-memory segments: {sorted(leaked)}"
+
+
+@pytest.fixture(autouse=True)
+def no_child_leaks() -> Iterator[None]:
+    """Fails a test that leaves child processes running (and kills them)."""
+    yield
+    alive = multiprocessing.active_children()
+    for proc in alive:
+        proc.kill()
+        proc.join(5)
+    assert not alive, f"test left child processes running: {alive}"
+
+
+@pytest.fixture
+def pool() -> Iterator[_core.Pool]:
+    """A small pool owned by the test."""
+    p = _core.Pool.create(initial_size=1 << 20, growth_size=1 << 20, max_size=64 << 20, lock_timeout=5.0)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+@pytest.fixture
+def spawn() -> multiprocessing.context.SpawnContext:
+    """A multiprocessing context that starts clean interpreters (no inherited mappings or locks)."""
+    return multiprocessing.get_context("spawn")
