@@ -16,8 +16,10 @@ SHM_PREFIX = "stubhost"
 
 
 def stubhost_segments() -> set[str]:
-    """Names in /dev/shm that belong to stubhost."""
-    return {n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)}
+    """Names in /dev/shm of pools this test process created (their names carry its pid), so that
+    concurrent runs never see, or delete, each other's segments."""
+    own = f"{SHM_PREFIX}_{os.getpid()}_"
+    return {n for n in os.listdir(SHM_DIR) if n.startswith(own)}
 
 
 @pytest.fixture(autouse=True)

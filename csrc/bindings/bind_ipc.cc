@@ -118,7 +118,10 @@ void bind_ipc(py::module_& m) {
       .def_property_readonly("inline_reply", &IPCMessage::inline_reply)
       .def_property_readonly("reply_status", &IPCMessage::reply_status)
       .def_property_readonly("reply_args", &IPCMessage::reply_args)
-      .def("reply", &IPCMessage::reply, py::arg("status") = 0, py::arg("args") = 0)
+      .def("reply", &IPCMessage::reply, py::arg("status") = 0, py::arg("args") = 0,
+           "Answer an inline-reply message (once; a second reply raises CoreError).")
+      .def("release", &IPCMessage::release, py::call_guard<py::gil_scoped_release>(),
+           "Drop this holder's reference; the last holder frees the message.")
       .def(
           "wait_reply",
           [](IPCMessage& msg, std::optional<double> timeout) {

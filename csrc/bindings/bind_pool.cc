@@ -68,7 +68,7 @@ void bind_pool(py::module_& m) {
           py::call_guard<py::gil_scoped_release>())
       .def(
           "allocation_size", [](const std::shared_ptr<Pool>& p, uint64_t h) { return open_pool(p).allocation_size(h); },
-          py::arg("handle"))
+          py::arg("handle"), py::call_guard<py::gil_scoped_release>())
       .def(
           "view",
           [](const std::shared_ptr<Pool>& p, uint64_t h, uint64_t n, bool readonly) {
@@ -84,7 +84,7 @@ void bind_pool(py::module_& m) {
       .def_property_readonly("allocations", [](const Pool& p) { return p.stats().allocations; })
       .def_property_readonly("segment_count", [](const Pool& p) { return p.stats().segments; })
       .def("check", [](const std::shared_ptr<Pool>& p) { open_pool(p).check(); },
-           "Verify every allocator invariant; raises CorruptionError.")
+           py::call_guard<py::gil_scoped_release>(), "Verify every allocator invariant; raises CorruptionError.")
       .def("unlink", &Pool::unlink_all, "Remove every segment name of this pool from /dev/shm.")
       .def("close", &Pool::close)
       .def("__enter__", [](const std::shared_ptr<Pool>& p) { return p; })
@@ -118,8 +118,11 @@ void bind_pool(py::module_& m) {
       .def(
           "lock",
           [](SharedMutex& mu, std::optional<double> timeout) {
-            py::gil_scoped_release release;
-            return mu.lock(Deadline::after(timeout));
+            const auto result = interruptible(timeout, [&](const Deadline& d) {
+              const auto r = mu.lock(d);
+              return r == RobustMutex::LockResult::kTimedOut ? std::optional<RobustMutex::LockResult>() : r;
+            });
+            return result.value_or(RobustMutex::LockResult::kTimedOut);
           },
           py::arg("timeout") = py::none(),
           "ACQUIRED, RECOVERED (the previous owner died holding it) or TIMED_OUT.")

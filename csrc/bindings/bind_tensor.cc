@@ -230,6 +230,7 @@ void bind_tensor(py::module_& m) {
       "decode_bytes",
       [](const py::buffer& b, uint64_t count) {
         py::buffer_info info = readable(b);
+        check_bytes_count(buffer_nbytes(info), count);  // before the count sizes an allocation
         py::array out = py::module_::import("numpy").attr("empty")(count, py::arg("dtype") = "object");
         auto** slots = static_cast<PyObject**>(out.mutable_data());
         uint64_t i = 0;

@@ -19,7 +19,8 @@ IPCMessage IPCMessage::create(const std::shared_ptr<Pool>& pool, Command command
   m->reply_status = 0;
   m->reply_args = kNullHandle;
   m->reply_ready.init(0);
-  m->reserved = 0;
+  m->refs.store(inline_reply ? 2 : 1, std::memory_order_relaxed);
+  m->replied.store(0, std::memory_order_relaxed);
   // Published by the queue push that carries the handle (its release store orders these writes).
   return IPCMessage(pool, h, m);
 }
@@ -33,11 +34,22 @@ IPCMessage IPCMessage::attach(const std::shared_ptr<Pool>& pool, uint64_t handle
   return IPCMessage(pool, handle, m);
 }
 
-void IPCMessage::reply(uint32_t status, uint64_t reply_args) noexcept {
+void IPCMessage::reply(uint32_t status, uint64_t reply_args) {
+  if (m_->replied.exchange(1, std::memory_order_acq_rel) != 0) {
+    throw CoreError("IPC message " + std::to_string(m_->request_id) + " was already answered");
+  }
   m_->reply_status = status;
   m_->reply_args = reply_args;
   // SYNC POINT WRITE: post() releases the two fields above to the waiter.
   m_->reply_ready.post();
+}
+
+void IPCMessage::release() {
+  uint32_t refs = m_->refs.load(std::memory_order_relaxed);
+  do {
+    if (refs == 0 || refs > 2) throw InvalidHandleError("IPC message was released more often than it was held");
+  } while (!m_->refs.compare_exchange_weak(refs, refs - 1, std::memory_order_acq_rel));
+  if (refs == 1) pool_->free(handle_);
 }
 
 bool IPCMessage::wait_reply(const Deadline& deadline) {

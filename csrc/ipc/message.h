@@ -48,14 +48,21 @@ struct IPCMessageShm {
   uint32_t reply_status;   // 0 = ok; otherwise an error code chosen by the protocol layer
   uint64_t reply_args;     // handle of the reply's payload, or 0
   ShmSemaphore reply_ready;
-  uint64_t reserved;
+  std::atomic<uint32_t> refs;     // holders left: 2 with an inline reply (sender, responder), else 1
+  std::atomic<uint32_t> replied;  // set by the first reply(); a second one is refused
 };
 static_assert(offsetof(IPCMessageShm, args) == 8, "message layout");
 static_assert(offsetof(IPCMessageShm, reply_args) == 32, "message layout");
 static_assert(offsetof(IPCMessageShm, reply_ready) == 40, "message layout");
+static_assert(offsetof(IPCMessageShm, refs) == 56, "message layout");
 static_assert(sizeof(IPCMessageShm) == 64, "message layout");
 
-/// A process-local view of one message. The sender owns the allocation and frees it.
+/// A process-local view of one message.
+///
+/// Ownership: a one-way message passes to whoever pops it, who calls release(). A message with an
+/// inline reply has two holders, sender and responder, and each calls release() once; the last
+/// one frees it. So a sender that gave up waiting can release safely while a slow responder still
+/// writes its reply. Handles named by args/reply_args travel the same way: the receiver frees them.
 class IPCMessage {
  public:
   static IPCMessage create(const std::shared_ptr<Pool>& pool, Command command, uint64_t args,
@@ -71,8 +78,10 @@ class IPCMessage {
   uint32_t reply_status() const noexcept { return m_->reply_status; }
   uint64_t reply_args() const noexcept { return m_->reply_args; }
 
-  /// Writes the reply and wakes the sender (responder side). Any thread, once per message.
-  void reply(uint32_t status, uint64_t reply_args) noexcept;
+  /// Writes the reply and wakes the sender (responder side). Throws CoreError on a second reply.
+  void reply(uint32_t status, uint64_t reply_args);
+  /// Drops this holder's reference; frees the message when it was the last one.
+  void release();
   /// Waits for reply() (sender side). Returns false on timeout.
   bool wait_reply(const Deadline& deadline);
 

@@ -229,6 +229,8 @@ void BlockAllocator::add_segment(uint32_t index) {
 }
 
 void BlockAllocator::rebuild() {
+  // If this rebuild dies or throws half-way, the flag makes the next lock holder start over.
+  header_.needs_rebuild.store(1, std::memory_order_relaxed);
   for (auto& w : header_.bin_bitmap) w = 0;
   for (auto& h : header_.bins) h = kNullHandle;
   uint64_t capacity = 0, used = 0, count = 0;
@@ -273,14 +275,16 @@ void BlockAllocator::rebuild() {
   header_.capacity_bytes.store(capacity, std::memory_order_relaxed);
   header_.used_bytes.store(used, std::memory_order_relaxed);
   header_.allocations.store(count, std::memory_order_relaxed);
+  header_.needs_rebuild.store(0, std::memory_order_relaxed);
 }
 
 void BlockAllocator::check() {
-  uint64_t used = 0, count = 0, free_blocks = 0;
+  uint64_t used = 0, count = 0, free_blocks = 0, capacity = 0;
   const uint32_t segments = header_.segment_count.load(std::memory_order_acquire);
   for (uint32_t s = 0; s < segments && s < kMaxSegments; ++s) {
     const SegmentSpan span = segments_.segment(s);
     const uint64_t end = span.data_start + ((span.size - span.data_start) & ~(kAlignment - 1));
+    capacity += end - span.data_start;
     uint64_t off = span.data_start, prev_size = 0;
     bool prev_free = false;
     while (off + kMinBlock <= end) {
@@ -302,6 +306,10 @@ void BlockAllocator::check() {
   }
   uint64_t listed = 0;
   for (uint32_t bin = 0; bin < kNumBins; ++bin) {
+    const bool marked = (header_.bin_bitmap[bin / 64] >> (bin % 64)) & 1u;
+    if (header_.bins[bin] != kNullHandle && !marked) {
+      throw CorruptionError("pool bin " + std::to_string(bin) + " holds blocks but its bitmap bit is clear");
+    }
     uint64_t prev = kNullHandle;
     for (uint64_t bh = header_.bins[bin]; bh != kNullHandle;) {
       BlockHeaderShm* b = block(bh);
@@ -314,6 +322,7 @@ void BlockAllocator::check() {
     }
   }
   if (listed != free_blocks) throw CorruptionError("pool free lists miss some free blocks");
+  if (capacity != header_.capacity_bytes.load()) throw CorruptionError("pool capacity counter is wrong");
   if (used != header_.used_bytes.load() || count != header_.allocations.load()) {
     throw CorruptionError("pool usage counters disagree with its blocks");
   }

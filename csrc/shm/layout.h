@@ -67,7 +67,7 @@ struct PoolHeaderShm {
   uint64_t reserved0;
   alignas(64) RobustMutex lock;           // guards everything below
   alignas(64) std::atomic<uint32_t> segment_count;
-  uint32_t reserved1;
+  std::atomic<uint32_t> needs_rebuild;    // set while a rebuild runs; a lock holder that sees it rebuilds
   std::atomic<uint64_t> capacity_bytes;   // bytes of all segments usable for blocks
   std::atomic<uint64_t> used_bytes;       // bytes in in-use blocks, headers included
   std::atomic<uint64_t> allocations;      // number of in-use blocks

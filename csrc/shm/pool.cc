@@ -1,5 +1,6 @@
 #include "shm/pool.h"
 
+#include <cerrno>
 #include <cstring>
 #include <new>
 
@@ -59,6 +60,8 @@ std::shared_ptr<Pool> Pool::create(const PoolOptions& options) {
   h->segment_bytes[0].store(seg.size());
   h->segment_count.store(1, std::memory_order_release);
   pool->header_ = h;
+  pool->growth_bytes_ = h->growth_bytes;
+  pool->max_bytes_ = h->max_bytes;
   pool->map_[0].size.store(seg.size());
   pool->map_[0].base.store(seg.data(), std::memory_order_release);
   pool->segments_.push_back(std::move(seg));
@@ -93,6 +96,8 @@ std::shared_ptr<Pool> Pool::attach(const std::string& name, double lock_timeout_
     throw CorruptionError("pool header of " + name + " is damaged");
   }
   pool->header_ = h;
+  pool->growth_bytes_ = h->growth_bytes;
+  pool->max_bytes_ = h->max_bytes;
   pool->map_[0].size.store(seg.size());
   pool->map_[0].base.store(seg.data(), std::memory_order_release);
   pool->segments_.push_back(std::move(seg));
@@ -166,18 +171,27 @@ void Pool::grow(uint64_t need) {
   const uint32_t index = header_->segment_count.load(std::memory_order_acquire);
   const uint64_t capacity = header_->capacity_bytes.load() + header_bytes();
   uint64_t size;
-  round_up(need > header_->growth_bytes ? need : header_->growth_bytes, kGrowthRounding, &size);
-  if (index >= kMaxSegments || capacity + size > header_->max_bytes) {
+  round_up(need > growth_bytes_ ? need : growth_bytes_, kGrowthRounding, &size);
+  if (index >= kMaxSegments || capacity + size > max_bytes_) {
     // A last try with exactly what is needed, in case the rounding overshot the maximum.
     round_up(need, kAlignment, &size);
-    if (index >= kMaxSegments || capacity + size > header_->max_bytes) {
+    if (index >= kMaxSegments || capacity + size > max_bytes_) {
       throw PoolFullError("shared-memory pool is full: cannot allocate " + mib(need) + "; " +
                           mib(header_->used_bytes.load()) + " in use, " + mib(capacity) +
-                          " mapped, maximum " + mib(header_->max_bytes) +
+                          " mapped, maximum " + mib(max_bytes_) +
                           " (raise the pool's max size, or free tensors)");
     }
   }
-  ShmSegment seg = ShmSegment::create(segment_name(index), size);
+  ShmSegment seg;
+  try {
+    seg = ShmSegment::create(segment_name(index), size);
+  } catch (const SystemError& e) {
+    if (e.error_code() != EEXIST) throw;
+    // A grower died between creating this segment and recording it. We hold the pool lock and the
+    // header does not list it, so nobody uses it: replace it.
+    ShmSegment::unlink(segment_name(index));
+    seg = ShmSegment::create(segment_name(index), size);
+  }
   Mapping& m = map_[index];
   {
     std::lock_guard<std::mutex> guard(map_mutex_);
@@ -190,15 +204,26 @@ void Pool::grow(uint64_t need) {
   BlockAllocator(*header_, *this).add_segment(index);
 }
 
+class Pool::Locked {
+ public:
+  explicit Locked(Pool& pool) : lock_(pool.header_->lock, pool.lock_deadline(), "shared-memory pool"), alloc_(*pool.header_, pool) {
+    if (lock_.recovered() || pool.header_->needs_rebuild.load(std::memory_order_relaxed) != 0) alloc_.rebuild();
+  }
+  BlockAllocator& allocator() { return alloc_; }
+
+ private:
+  RobustLock lock_;
+  BlockAllocator alloc_;
+};
+
 uint64_t Pool::allocate(uint64_t n) {
   const uint64_t need = BlockAllocator::block_size_for(n);
-  if (need == 0 || need > header_->max_bytes) {
+  if (need == 0 || need > max_bytes_) {
     throw PoolFullError("shared-memory pool cannot hold an allocation of " + std::to_string(n) +
-                        " bytes (maximum " + mib(header_->max_bytes) + ")");
+                        " bytes (maximum " + mib(max_bytes_) + ")");
   }
-  RobustLock lock(header_->lock, lock_deadline(), "shared-memory pool");
-  BlockAllocator alloc(*header_, *this);
-  if (lock.recovered()) alloc.rebuild();
+  Locked locked(*this);
+  BlockAllocator& alloc = locked.allocator();
   uint64_t h = alloc.allocate(n);
   if (h == kNullHandle) {
     grow(need);
@@ -209,24 +234,15 @@ uint64_t Pool::allocate(uint64_t n) {
 }
 
 void Pool::free(uint64_t handle) {
-  RobustLock lock(header_->lock, lock_deadline(), "shared-memory pool");
-  BlockAllocator alloc(*header_, *this);
-  if (lock.recovered()) alloc.rebuild();
-  alloc.free(handle);
+  Locked(*this).allocator().free(handle);
 }
 
 uint64_t Pool::allocation_size(uint64_t handle) {
-  RobustLock lock(header_->lock, lock_deadline(), "shared-memory pool");
-  BlockAllocator alloc(*header_, *this);
-  if (lock.recovered()) alloc.rebuild();
-  return alloc.requested_size(handle);
+  return Locked(*this).allocator().requested_size(handle);
 }
 
 void Pool::check() {
-  RobustLock lock(header_->lock, lock_deadline(), "shared-memory pool");
-  BlockAllocator alloc(*header_, *this);
-  if (lock.recovered()) alloc.rebuild();
-  alloc.check();
+  Locked(*this).allocator().check();
 }
 
 PoolStats Pool::stats() const noexcept {
@@ -241,17 +257,14 @@ PoolStats Pool::stats() const noexcept {
 
 void Pool::unlink_all() noexcept {
   // Names are derived, not read from the (untrusted) header, so this also cleans up segments a
-  // crashed peer created but never recorded. ENOENT ends nothing: a gap is possible.
-  for (uint32_t i = 0; i < kMaxSegments; ++i) {
-    try {
-      ShmSegment::unlink(segment_name(i));
-    } catch (const CoreError&) {
-    }
-  }
+  // crashed peer created but never recorded. ENOENT ends nothing: a gap is possible. Other errors
+  // (EACCES) cannot be acted on here and leave the name for the next cleanup.
+  for (uint32_t i = 0; i < kMaxSegments; ++i) ShmSegment::unlink_quiet(segment_name(i));
 }
 
 void Pool::debug_lock() {
-  if (header_->lock.lock(Deadline::never()) == RobustMutex::LockResult::kRecovered) {
+  if (header_->lock.lock(Deadline::never()) == RobustMutex::LockResult::kRecovered ||
+      header_->needs_rebuild.load(std::memory_order_relaxed) != 0) {
     BlockAllocator(*header_, *this).rebuild();
   }
 }

@@ -87,6 +87,8 @@ class Pool : public std::enable_shared_from_this<Pool>, private SegmentResolver 
   std::string segment_name(uint32_t index) const;
   void grow(uint64_t need);
   Deadline lock_deadline() const { return Deadline::after(lock_timeout_s_); }
+  /// Takes the pool lock and repairs the allocator if a previous holder died mid-update.
+  class Locked;
 
   struct Mapping {
     std::atomic<uint8_t*> base{nullptr};
@@ -95,6 +97,10 @@ class Pool : public std::enable_shared_from_this<Pool>, private SegmentResolver 
 
   std::string name_;
   bool owner_ = false;
+  // Limits as this process learnt them (from its options, or once at attach): a peer that rewrites
+  // the header later cannot raise them for us.
+  uint64_t growth_bytes_ = 0;
+  uint64_t max_bytes_ = 0;
   std::atomic<bool> closed_{false};
   double lock_timeout_s_ = 10.0;
   PoolHeaderShm* header_ = nullptr;

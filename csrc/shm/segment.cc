@@ -123,7 +123,15 @@ ShmSegment ShmSegment::create(const std::string& name, uint64_t size) {
     throw ShmSpaceError("not enough shared memory: asked for " + human_bytes(size) + ", " +
                         shm_space_report());
   }
-  if (rc != 0 && rc != EOPNOTSUPP && rc != EINVAL) throw SystemError("posix_fallocate", rc);
+  if (rc == EOPNOTSUPP || rc == EINVAL) {
+    // No fallocate on this filesystem: at least refuse what cannot fit now.
+    struct statvfs st{};
+    if (::statvfs("/dev/shm", &st) == 0 && uint64_t(st.f_bavail) * st.f_frsize < size) {
+      throw ShmSpaceError("not enough shared memory: asked for " + human_bytes(size) + ", " + shm_space_report());
+    }
+  } else if (rc != 0) {
+    throw SystemError("posix_fallocate", rc);
+  }
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) throw SystemError("mmap of " + human_bytes(size), errno);
   unlinker.armed = false;
@@ -140,6 +148,10 @@ ShmSegment ShmSegment::open(const std::string& name) {
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (p == MAP_FAILED) throw SystemError("mmap of " + human_bytes(size), errno);
   return ShmSegment(name, static_cast<uint8_t*>(p), size);
+}
+
+int ShmSegment::unlink_quiet(const std::string& name) noexcept {
+  return ::shm_unlink(name.c_str()) == 0 ? 0 : errno;
 }
 
 bool ShmSegment::unlink(const std::string& name) {

@@ -18,6 +18,8 @@ class ShmSegment {
   static ShmSegment open(const std::string& name);
   /// Removes a name; returns false if it did not exist.
   static bool unlink(const std::string& name);
+  /// Removes a name; returns 0 or the errno (ENOENT included) instead of throwing.
+  static int unlink_quiet(const std::string& name) noexcept;
 
   ShmSegment() = default;
   ShmSegment(ShmSegment&& other) noexcept;

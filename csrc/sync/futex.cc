@@ -2,6 +2,7 @@
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,16 +12,39 @@
 
 namespace stubhost {
 namespace {
+constexpr int64_t kMinAdaptiveSpinNs = 1000;
 std::atomic<int64_t> g_spin_budget_ns{20000};
-}
+std::atomic<int64_t> g_adaptive_spin_ns{20000};
+}  // namespace
 
 std::chrono::nanoseconds spin_budget() noexcept {
   return std::chrono::nanoseconds(g_spin_budget_ns.load(std::memory_order_relaxed));
 }
 
 void set_spin_budget(std::chrono::nanoseconds budget) noexcept {
-  g_spin_budget_ns.store(budget.count() < 0 ? 0 : budget.count(), std::memory_order_relaxed);
+  const int64_t ns = budget.count() < 0 ? 0 : budget.count();
+  g_spin_budget_ns.store(ns, std::memory_order_relaxed);
+  g_adaptive_spin_ns.store(ns, std::memory_order_relaxed);
 }
+
+std::chrono::nanoseconds adaptive_spin() noexcept {
+  const int64_t ceiling = g_spin_budget_ns.load(std::memory_order_relaxed);
+  if (ceiling <= 0) return std::chrono::nanoseconds(0);
+  const int64_t current = g_adaptive_spin_ns.load(std::memory_order_relaxed);
+  return std::chrono::nanoseconds(current < ceiling ? current : ceiling);
+}
+
+void record_spin(bool succeeded) noexcept {
+  const int64_t ceiling = g_spin_budget_ns.load(std::memory_order_relaxed);
+  const int64_t floor = ceiling < kMinAdaptiveSpinNs ? ceiling : kMinAdaptiveSpinNs;
+  int64_t next = g_adaptive_spin_ns.load(std::memory_order_relaxed);
+  next = succeeded ? next + next / 2 + 1 : next / 2;
+  if (next > ceiling) next = ceiling;
+  if (next < floor) next = floor;
+  g_adaptive_spin_ns.store(next, std::memory_order_relaxed);
+}
+
+void yield_cpu() noexcept { sched_yield(); }
 
 Deadline Deadline::after(std::optional<double> seconds) {
   Deadline d;

@@ -46,22 +46,41 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
-/// Process-wide spin budget before a waiter goes to sleep, in nanoseconds (0 disables spinning).
-/// A short spin pays when the peer answers within microseconds on another core: it saves the
-/// futex sleep and wake-up (5-12 us across cores on our VMs). Settable at run time.
+/// Process-wide ceiling on how long a waiter spins before it sleeps, in nanoseconds (0 disables
+/// spinning). A short spin pays when the peer answers within microseconds on another core: it
+/// saves the futex sleep and wake-up (5-12 us across cores on our VMs). Settable at run time.
 std::chrono::nanoseconds spin_budget() noexcept;
 void set_spin_budget(std::chrono::nanoseconds budget) noexcept;
 
-/// Spins until ready() is true or the budget (or the deadline) runs out.
+/// The spin actually used adapts between 1 us and the ceiling: it halves after a spin that ended
+/// in sleep (the peer is slow, or shares our CPU and cannot run while we spin) and grows by half
+/// after a spin that succeeded. Relaxed and racy across threads on purpose: it is only a hint.
+std::chrono::nanoseconds adaptive_spin() noexcept;
+void record_spin(bool succeeded) noexcept;
+
+/// Gives the CPU to another runnable thread (a peer on the same core can then answer us).
+void yield_cpu() noexcept;
+
+/// Spins until ready() is true or the adaptive budget (or the deadline) runs out.
 template <class Ready>
 bool spin_until(Ready&& ready, const Deadline& deadline) {
-  const auto budget = spin_budget();
+  const auto budget = adaptive_spin();
   if (budget.count() <= 0) return ready();
   const auto stop = Clock::now() + budget;
   for (uint32_t i = 1;; ++i) {
-    if (ready()) return true;
+    if (ready()) {
+      record_spin(true);
+      return true;
+    }
     cpu_relax();
-    if ((i & 63u) == 0 && (Clock::now() >= stop || deadline.expired())) return ready();
+    if ((i & 63u) == 0) {
+      if (Clock::now() >= stop || deadline.expired()) {
+        const bool ok = ready();
+        record_spin(ok);
+        return ok;
+      }
+      if ((i & 1023u) == 0) yield_cpu();
+    }
   }
 }
 
@@ -97,7 +116,9 @@ bool ShmEventCount::wait_until(Ready&& ready, const Deadline& deadline) {
       waiters.fetch_sub(1, std::memory_order_relaxed);
       return ready();
     }
-    futex_wait(&seq, key, deadline.remaining(std::chrono::seconds(3600)));
+    // Sleep in bounded slices: a notifier that died between publishing and waking costs at most
+    // one slice of latency, never a lost wake-up for ever.
+    futex_wait(&seq, key, deadline.remaining(std::chrono::milliseconds(100)));
     waiters.fetch_sub(1, std::memory_order_relaxed);
     if (ready()) return true;
   }

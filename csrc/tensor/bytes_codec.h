@@ -18,10 +18,20 @@ inline uint64_t encode_bytes_element(uint8_t* dst, const char* data, uint32_t le
   return 4 + uint64_t{len};
 }
 
+/// Every element takes at least its 4-byte prefix, so a count above size / 4 is impossible; check
+/// it before sizing anything by `count` (a forged shape could claim 2^61 elements).
+inline void check_bytes_count(uint64_t size, uint64_t count) {
+  if (count > size / 4) {
+    throw FormatError("BYTES tensor of " + std::to_string(size) + " bytes cannot hold " + std::to_string(count) +
+                      " elements");
+  }
+}
+
 /// Calls f(const char* data, uint32_t len) for each of `count` elements of buf[0, size).
 /// Throws FormatError if an element runs past the end or bytes are left over.
 template <class F>
 void decode_bytes(const uint8_t* buf, uint64_t size, uint64_t count, F&& f) {
+  check_bytes_count(size, count);
   uint64_t off = 0;
   for (uint64_t i = 0; i < count; ++i) {
     if (size - off < 4) {

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "common/errors.h"
+#include "common/text.h"
 
 namespace stubhost {
 
@@ -23,7 +24,7 @@ uint64_t tensor_header_bytes(size_t name_length, size_t ndim) {
 
 void validate_tensor_desc(const TensorDesc& desc) {
   if (!dtype_valid(static_cast<uint8_t>(desc.dtype)) || desc.dtype == DataType::kInvalid) {
-    throw FormatError("tensor '" + desc.name.substr(0, 64) + "' has an invalid data type " +
+    throw FormatError("tensor " + quoted_name(desc.name) + " has an invalid data type " +
                       std::to_string(static_cast<int>(desc.dtype)));
   }
   if (static_cast<uint8_t>(desc.memory_type) > kMaxMemoryType) {
@@ -34,12 +35,13 @@ void validate_tensor_desc(const TensorDesc& desc) {
                       std::to_string(kMaxTensorDims));
   }
   if (desc.name.size() > kMaxTensorNameLength) throw FormatError("tensor name is too long");
+  if (!valid_utf8(desc.name)) throw FormatError("tensor name " + quoted_name(desc.name) + " is not valid UTF-8");
   const uint64_t count = element_count(desc.shape);
   const uint32_t size = dtype_size(desc.dtype);
   if (size != 0) {
     uint64_t expected;
     if (mul_overflows(count, size, &expected) || expected != desc.byte_size) {
-      throw FormatError("tensor '" + desc.name.substr(0, 64) + "' of " + dtype_name(desc.dtype) + " with " +
+      throw FormatError("tensor " + quoted_name(desc.name) + " of " + dtype_name(desc.dtype) + " with " +
                         std::to_string(count) + " elements cannot have " + std::to_string(desc.byte_size) +
                         " bytes");
     }
@@ -47,7 +49,7 @@ void validate_tensor_desc(const TensorDesc& desc) {
     // BYTES: every element takes at least its 4-byte length prefix.
     uint64_t least;
     if (mul_overflows(count, 4, &least) || desc.byte_size < least) {
-      throw FormatError("BYTES tensor '" + desc.name.substr(0, 64) + "' with " + std::to_string(count) +
+      throw FormatError("BYTES tensor " + quoted_name(desc.name) + " with " + std::to_string(count) +
                         " elements cannot have only " + std::to_string(desc.byte_size) + " bytes");
     }
   }

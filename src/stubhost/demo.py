@@ -47,12 +47,14 @@ def child_main(spec_json: str) -> int:
         request = IPCMessage.attach(pool, handle)
         if request.command == Command.FINALIZE_REQUEST:
             done = IPCMessage.create(pool, Command.FINALIZE_RESPONSE, request_id=request.request_id)
+            request.release()
             outbox.push(done.handle, timeout=TIMEOUT_S)
             return 0
         source = SharedTensor.read(pool, request.args)
         result = SharedTensor.empty(pool, "OUTPUT0", source.dtype, source.shape)
         np.multiply(source.as_numpy(), 2, out=result.as_numpy())  # reads and writes pool memory in place
         reply = IPCMessage.create(pool, Command.EXECUTE_RESPONSE, args=result.handle, request_id=request.request_id)
+        request.release()  # popped, so ours; its input tensor stays the parent's
         outbox.push(reply.handle, timeout=TIMEOUT_S)
 
 
@@ -89,15 +91,16 @@ class Demo:
         reply = self.receive(Command.EXECUTE_RESPONSE)
         result = SharedTensor.read(self.pool, reply.args)
         out = result.as_numpy().copy()
-        for handle in (result.handle, reply.handle, request.handle, tensor.handle):
-            self.pool.free(handle)
+        # The child passed us its reply and its output tensor; the input tensor was only lent.
+        reply.release()
+        result.free()
+        tensor.free()
         return out
 
     def finalize(self) -> int:
         request = IPCMessage.create(self.pool, Command.FINALIZE_REQUEST, request_id=0)
         self.to_child.push(request.handle, timeout=TIMEOUT_S)
-        self.pool.free(self.receive(Command.FINALIZE_RESPONSE).handle)
-        self.pool.free(request.handle)
+        self.receive(Command.FINALIZE_RESPONSE).release()
         return self.child.wait(TIMEOUT_S)
 
     def close(self) -> None:
@@ -115,7 +118,7 @@ def run(elements: int, iterations: int) -> int:
     try:
         hello = demo.receive(Command.PING)
         rows.append(("handshake", f"child {hello.request_id} attached pool {demo.pool.name} (layout v{_core.LAYOUT_VERSION})"))
-        demo.pool.free(hello.handle)
+        hello.release()
 
         big = np.arange(elements, dtype=np.float32)
         start = time.perf_counter()

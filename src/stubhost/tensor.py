@@ -96,7 +96,11 @@ class SharedTensor:
             np.frombuffer(tensor.data_view(), dtype=np.uint8)[:] = np.frombuffer(payload, dtype=np.uint8)
             return tensor
         tensor = cls.empty(pool, name, dtype, array.shape)
-        np.copyto(tensor.as_numpy(), array, casting="no")
+        try:
+            np.copyto(tensor.as_numpy(), array, casting="equiv")  # equiv: byte-swaps big-endian input
+        except BaseException:
+            tensor.free()
+            raise
         return tensor
 
     @classmethod

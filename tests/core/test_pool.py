@@ -206,3 +206,27 @@ def test_full_dev_shm_is_reported_with_sizes():
     too_big = st.f_blocks * st.f_frsize * 2
     with pytest.raises(_core.ShmSpaceError, match=r"asked for .* free of .* in /dev/shm"):
         _core.Pool.create(initial_size=too_big, max_size=too_big)
+
+
+def test_stale_unrecorded_segment_does_not_block_growth(pool):
+    # A grower that died after creating segment 1 but before recording it leaves the name behind.
+    stale = "/dev/shm" + pool.name + "_1"
+    with open(stale, "wb") as f:
+        f.write(b"\0" * 4096)
+    h = pool.allocate(2 * MiB)
+    assert _core.handle_segment(h) == 1 and pool.segment_count == 2
+    assert os.path.getsize(stale) >= 2 * MiB  # replaced by a real segment
+    pool.free(h)
+    pool.check()
+
+
+def test_attacher_limits_are_fixed_at_attach(pool, spawn):
+    # The owner's limit holds even if the shared header's copy is rewritten afterwards.
+    with open("/dev/shm" + pool.name, "r+b") as f:
+        import mmap
+
+        with mmap.mmap(f.fileno(), 4096) as m:
+            max_bytes_offset = 128
+            m[max_bytes_offset : max_bytes_offset + 8] = (1 << 40).to_bytes(8, "little")
+    with pytest.raises(_core.PoolFullError):
+        pool.allocate(128 * MiB)  # over the 64 MiB the owner created the pool with

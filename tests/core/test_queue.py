@@ -138,3 +138,17 @@ def test_spin_budget_is_settable_and_waits_still_work_without_spinning(pool):
         assert q.pop(timeout=5) == 3
     finally:
         _core.set_spin_budget(old)
+
+
+def test_message_reply_is_once_and_release_frees_after_both_holders(pool):
+    base = pool.used_bytes
+    msg = _core.IPCMessage.create(pool, _core.Command.PING, args=0, request_id=5, inline_reply=True)
+    responder = _core.IPCMessage.attach(pool, msg.handle)
+    assert msg.wait_reply(timeout=0.05) is False  # no reply yet
+    msg.release()  # the sender gives up; the responder still holds the message
+    responder.reply(3, 99)
+    with pytest.raises(_core.CoreError, match="already answered"):
+        responder.reply(0, 0)
+    assert pool.used_bytes > base
+    responder.release()
+    assert pool.used_bytes == base

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stubhost import _core
@@ -36,8 +36,10 @@ ITEMSIZE = {
     DataType.INT8: 1, DataType.INT16: 2, DataType.INT32: 4, DataType.INT64: 8,
     DataType.FP16: 2, DataType.FP32: 4, DataType.FP64: 8, DataType.BYTES: 0, DataType.BF16: 2,
 }
-# Byte ranges worth hitting on purpose when mutating a header: (offset, width).
-FIELDS = [(0, 4), (4, 1), (5, 1), (8, 4), (12, 4), (16, 4), (24, 8), (32, 8), (40, 8)]
+# Byte ranges worth overwriting on purpose when mutating a header: (offset, width). The magic is
+# left to random byte flips (overwriting it only ever yields "not a tensor"); 128 and 136 are the
+# first two dims (or the name, for lower ranks).
+FIELDS = [(4, 1), (5, 1), (8, 4), (12, 4), (16, 4), (24, 8), (32, 8), (40, 8), (128, 8), (136, 8)]
 
 
 class Rejected(Exception):
@@ -148,8 +150,9 @@ def mutated_header(draw: st.DrawFn) -> bytes:
             pos = draw(st.integers(0, len(buf) - 1))
             buf[pos] = draw(st.integers(0, 255))
         else:
-            off, width = draw(st.sampled_from(FIELDS))
-            value = draw(st.one_of(st.integers(0, 16), st.integers(0, (1 << (8 * width)) - 1)))
+            off, width = draw(st.sampled_from([f for f in FIELDS if f[0] + f[1] <= len(buf)]))
+            value = draw(st.one_of(st.integers(0, 16), st.integers(0, (1 << (8 * width)) - 1),
+                                   st.integers(-16, -1).map(lambda v: v % (1 << (8 * width)))))
             buf[off:off + width] = value.to_bytes(width, "little")
     if draw(st.booleans()):
         buf = buf[:draw(st.integers(0, len(buf)))]
@@ -279,6 +282,29 @@ def test_impossible_descriptions_raise_format_error(kwargs: dict[str, Any], matc
         _core.encode_tensor_header(**kwargs)
 
 
+@settings(max_examples=100, deadline=None)
+@given(name=names, dtype=st.sampled_from(VALID_DTYPES), shape=shapes.filter(lambda s: math.prod(s) > 0))
+def test_refused_description_raises_format_error_whatever_its_name(name: str, dtype: DataType,
+                                                                   shape: list[int]) -> None:
+    # One byte short of what the dtype needs: always wrong (BYTES needs 4 per element).
+    short = math.prod(shape) * (ITEMSIZE[dtype] or 4) - 1
+    with pytest.raises(_core.FormatError):
+        _core.encode_tensor_header(name, dtype, shape, short)
+
+
+@pytest.mark.parametrize("cut", ["é", "€", "😀"])
+@pytest.mark.parametrize("kwargs", [dict(dtype=DataType.FP32, shape=[1], byte_size=3),
+                                    dict(dtype=DataType.BYTES, shape=[2], byte_size=7),
+                                    dict(dtype=DataType.INVALID, shape=[1], byte_size=1)])
+def test_error_message_quoting_a_long_unicode_name_is_still_a_format_error(kwargs: dict[str, Any],
+                                                                         cut: str) -> None:
+    """Regression: the message quotes the name's first 64 bytes; a character straddling byte 64
+    must not turn the FormatError into a UnicodeDecodeError."""
+    name = "a" * 63 + cut + "tail"
+    with pytest.raises(_core.FormatError):
+        _core.encode_tensor_header(name, **kwargs)
+
+
 def test_limits_themselves_are_accepted() -> None:
     name = "é" * 2048  # exactly 4096 UTF-8 bytes
     info = _core.decode_tensor_header(_core.encode_tensor_header(name, DataType.UINT8, [1] * 64, 1))
@@ -292,6 +318,14 @@ def test_cuda_ipc_handle_longer_than_64_bytes_is_refused() -> None:
 
 
 # ---- hostile bytes ------------------------------------------------------------------------------
+def name_is_utf8(ref: dict[str, Any]) -> bool:
+    try:
+        ref["raw_name"].decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def check_decode_against_reference(buf: bytes) -> None:
     try:
         ref = reference_decode(buf)
@@ -299,7 +333,13 @@ def check_decode_against_reference(buf: bytes) -> None:
         with pytest.raises(_core.FormatError):
             _core.decode_tensor_header(buf)
         return
-    assert_matches_reference(_core.decode_tensor_header(buf), ref)
+    try:
+        info = _core.decode_tensor_header(buf)
+    except _core.FormatError:
+        # the only thing the reference leaves open: a name that is not UTF-8 may be refused
+        assert not name_is_utf8(ref), "a consistent header was refused"
+        return
+    assert_matches_reference(info, ref)
 
 
 @settings(max_examples=300, deadline=None)
@@ -357,8 +397,13 @@ def write_and_read_back(pool: _core.Pool, handle: int, garbage: bytes) -> None:
     if ref is None:
         with pytest.raises((_core.FormatError, _core.InvalidHandleError)):
             _core.read_tensor(pool, handle)
-    else:
-        assert_matches_reference(_core.read_tensor(pool, handle), ref)
+        return
+    try:
+        info = _core.read_tensor(pool, handle)
+    except _core.FormatError:
+        assert not name_is_utf8(ref), "a consistent tensor was refused"
+        return
+    assert_matches_reference(info, ref)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -380,7 +425,7 @@ def test_garbage_in_pool_memory_makes_read_tensor_raise_never_crash(pool: _core.
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fields=header_fields(), mutations=st.lists(
-    st.tuples(st.sampled_from(FIELDS + [(48, 8), (128, 8), (136, 8)]), st.integers(0, U64 - 1)),
+    st.tuples(st.sampled_from(FIELDS + [(0, 4), (48, 8)]), st.integers(0, U64 - 1)),
     min_size=1, max_size=3))
 def test_mutated_tensor_in_pool_is_read_consistently_or_refused(
         pool: _core.Pool, fields: dict[str, Any], mutations: list[tuple[tuple[int, int], int]]) -> None:
@@ -421,7 +466,6 @@ SEGMENT0 = 1 << 20  # the pool fixture's first segment
 @pytest.mark.parametrize(
     "data_handle, dtype, shape, byte_size",
     [
-        (0, DataType.FP32, [4], 16),                                      # null handle
         (_core.make_handle(0, 64), DataType.FP32, [4], 16),               # inside the pool header
         (_core.make_handle(0, SEGMENT0), DataType.FP32, [4], 16),         # just past the segment
         (_core.make_handle(0, SEGMENT0 - 8), DataType.FP32, [4], 16),     # straddles the end
@@ -451,9 +495,10 @@ def test_forged_data_handle_poked_into_a_valid_header_is_rejected(pool: _core.Po
     try:
         assert _core.read_tensor(pool, handle).data_handle == data_handle
         field = np.frombuffer(pool.view(handle + 32, 8), np.uint64)
-        field[0] = _core.make_handle(0, SEGMENT0 - 32)  # last 32 bytes of the segment: 64 do not fit
-        with pytest.raises(_core.InvalidHandleError):
-            _core.read_tensor(pool, handle)
+        for forged in (0, _core.make_handle(0, SEGMENT0 - 32), _core.make_handle(7, 4480)):
+            field[0] = forged  # null; the segment's last 32 bytes (64 do not fit); a missing segment
+            with pytest.raises(_core.InvalidHandleError):
+                _core.read_tensor(pool, handle)
         field[0] = data_handle
         assert _core.read_tensor(pool, handle).data_handle == data_handle
     finally:
