@@ -29,6 +29,15 @@ std::string Pool::segment_name(uint32_t index) const {
   return index == 0 ? name_ : name_ + "_" + std::to_string(index);
 }
 
+void Pool::adopt_first_segment(ShmSegment seg) {
+  header_ = reinterpret_cast<PoolHeaderShm*>(seg.data());
+  growth_bytes_ = header_->growth_bytes;
+  max_bytes_ = header_->max_bytes;
+  map_[0].size.store(seg.size());
+  map_[0].base.store(seg.data(), std::memory_order_release);
+  segments_.push_back(std::move(seg));
+}
+
 std::shared_ptr<Pool> Pool::create(const PoolOptions& options) {
   if (options.prefix.empty() || options.prefix.size() > 40 ||
       options.prefix.find('/') != std::string::npos) {
@@ -59,13 +68,8 @@ std::shared_ptr<Pool> Pool::create(const PoolOptions& options) {
   h->lock.init();
   h->segment_bytes[0].store(seg.size());
   h->segment_count.store(1, std::memory_order_release);
-  pool->header_ = h;
-  pool->growth_bytes_ = h->growth_bytes;
-  pool->max_bytes_ = h->max_bytes;
-  pool->map_[0].size.store(seg.size());
-  pool->map_[0].base.store(seg.data(), std::memory_order_release);
-  pool->segments_.push_back(std::move(seg));
-  BlockAllocator(*h, *pool).add_segment(0);
+  pool->adopt_first_segment(std::move(seg));
+  BlockAllocator(*pool->header_, *pool).add_segment(0);
   // SYNC POINT WRITE: the magic is published last; attach() refuses a header without it.
   __atomic_store_n(&h->magic, kPoolMagic, __ATOMIC_RELEASE);
   return pool;
@@ -95,12 +99,7 @@ std::shared_ptr<Pool> Pool::attach(const std::string& name, double lock_timeout_
       std::strncmp(h->name, name.c_str(), kMaxPoolNameLength + 1) != 0) {
     throw CorruptionError("pool header of " + name + " is damaged");
   }
-  pool->header_ = h;
-  pool->growth_bytes_ = h->growth_bytes;
-  pool->max_bytes_ = h->max_bytes;
-  pool->map_[0].size.store(seg.size());
-  pool->map_[0].base.store(seg.data(), std::memory_order_release);
-  pool->segments_.push_back(std::move(seg));
+  pool->adopt_first_segment(std::move(seg));
   return pool;
 }
 
@@ -200,8 +199,12 @@ void Pool::grow(uint64_t need) {
     segments_.push_back(std::move(seg));
   }
   header_->segment_bytes[index].store(size, std::memory_order_release);
-  header_->segment_count.store(index + 1, std::memory_order_release);
+  // The new segment's block goes in first (we map it already, so add_segment needs no count), and
+  // the count is published last: a grower killed before that leaves an unrecorded segment, which
+  // the next grower replaces (EEXIST above), never a listed segment without a valid first block.
   BlockAllocator(*header_, *this).add_segment(index);
+  // SYNC POINT WRITE: peers map segment `index` only after reading this count (Pool::segment).
+  header_->segment_count.store(index + 1, std::memory_order_release);
 }
 
 class Pool::Locked {

@@ -84,6 +84,8 @@ class Pool : public std::enable_shared_from_this<Pool>, private SegmentResolver 
 
  private:
   SegmentSpan segment(uint32_t index) override;
+  /// Maps segment 0 (holding the header) into this object and takes its limits, once.
+  void adopt_first_segment(ShmSegment seg);
   std::string segment_name(uint32_t index) const;
   void grow(uint64_t need);
   Deadline lock_deadline() const { return Deadline::after(lock_timeout_s_); }

@@ -230,3 +230,16 @@ def test_attacher_limits_are_fixed_at_attach(pool, spawn):
             m[max_bytes_offset : max_bytes_offset + 8] = (1 << 40).to_bytes(8, "little")
     with pytest.raises(_core.PoolFullError):
         pool.allocate(128 * MiB)  # over the 64 MiB the owner created the pool with
+
+
+def test_grower_killed_before_recording_leaves_a_usable_pool(pool):
+    # Simulates a grower that died after creating and formatting segment 1 but before publishing
+    # segment_count: the segment exists on disk, full of data, yet unlisted.
+    stale = "/dev/shm" + pool.name + "_1"
+    with open(stale, "wb") as f:
+        f.write(b"\xab" * (2 * MiB))
+    pool.check()  # the unlisted segment is invisible to the walk
+    h = pool.allocate(3 * MiB)  # growth replaces it
+    assert _core.handle_segment(h) == 1
+    pool.free(h)
+    pool.check()
