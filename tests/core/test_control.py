@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from stubhost import _core
 from stubhost._core import Command, IPCControl, IPCMessage, MessageQueue
 from tests.core import workers_control
+from tests.core.procs import join_peer
 
 QUEUE_FIELDS = ["stub_message_queue", "parent_message_queue", "stub_to_parent_mq", "parent_to_stub_mq",
                 "memory_manager_message_queue"]
@@ -23,14 +24,6 @@ LAYOUT = _core.LAYOUT_VERSION
 U64 = st.integers(0, (1 << 64) - 1)
 CONTROL_BYTES = 320
 
-
-def join_peer(proc: Any) -> None:
-    proc.join(30)
-    if proc.is_alive():
-        proc.kill()
-        proc.join(5)
-        pytest.fail("peer did not exit")
-    assert proc.exitcode == 0, f"peer failed with exit code {proc.exitcode} (its traceback is in stderr)"
 
 
 def poke_u32(pool: _core.Pool, handle: int, offset: int, value: int) -> int:

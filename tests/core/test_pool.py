@@ -9,6 +9,7 @@ import pytest
 
 from stubhost import _core
 from tests.core import workers
+from tests.core.procs import join_peer
 
 MiB = 1 << 20
 
@@ -16,12 +17,7 @@ MiB = 1 << 20
 def run(spawn, target, *args, timeout: float = 30) -> None:
     proc = spawn.Process(target=target, args=args)
     proc.start()
-    proc.join(timeout)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
-        pytest.fail(f"{target.__name__} hung")
-    assert proc.exitcode == 0, f"{target.__name__} exited with {proc.exitcode}"
+    join_peer(proc, timeout)
 
 
 def test_allocations_are_aligned_and_reused_after_free(pool):

@@ -18,6 +18,7 @@ from hypothesis.extra import numpy as hnp
 from stubhost import _core
 from stubhost._core import DataType, MemoryType, MessageQueue
 from stubhost.tensor import SharedTensor, numpy_to_triton_dtype, triton_to_numpy_dtype
+from tests.core.procs import join_peer
 from tests.core import workers_tensor
 
 NUMERIC = {
@@ -343,14 +344,6 @@ def pop_from_peer(queue: MessageQueue, proc: multiprocessing.process.BaseProcess
             pytest.fail(f"peer exited with code {proc.exitcode} without answering")
     pytest.fail("peer did not answer in time")
 
-
-def join_peer(proc: multiprocessing.process.BaseProcess) -> None:
-    proc.join(30)
-    if proc.is_alive():
-        proc.kill()
-        proc.join(5)
-        pytest.fail("peer did not exit")
-    assert proc.exitcode == 0, f"peer failed with exit code {proc.exitcode} (its traceback is in stderr)"
 
 
 def exchange_with_peer(pool: _core.Pool, spawn: Any, src: np.ndarray, out_repeat: int = 1) -> None:
