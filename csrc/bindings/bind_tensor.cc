@@ -30,14 +30,6 @@ std::string element_bytes(const py::handle& item) {
   return std::string(s, static_cast<size_t>(n));
 }
 
-std::vector<std::string> collect_elements(const py::iterable& items) {
-  std::vector<std::string> out;
-  for (const py::handle item : items) {
-    out.push_back(element_bytes(item));
-    if (out.back().size() > UINT32_MAX) throw FormatError("a BYTES element is larger than 4 GiB");
-  }
-  return out;
-}
 
 uint64_t encoded_size(const std::vector<std::string>& elements) {
   uint64_t total = 0;
@@ -61,6 +53,29 @@ uint64_t buffer_nbytes(const py::buffer_info& info) {
 }
 
 }  // namespace
+
+std::vector<std::string> collect_elements(const py::iterable& items) {
+  std::vector<std::string> out;
+  for (const py::handle item : items) {
+    out.push_back(element_bytes(item));
+    if (out.back().size() > UINT32_MAX) throw FormatError("a BYTES element is larger than 4 GiB");
+  }
+  return out;
+}
+
+py::array decode_bytes_array(const uint8_t* data, uint64_t size, uint64_t count) {
+  check_bytes_count(size, count);  // before the count sizes an allocation
+  py::array out = py::module_::import("numpy").attr("empty")(count, py::arg("dtype") = "object");
+  auto** slots = static_cast<PyObject**>(out.mutable_data());
+  uint64_t i = 0;
+  decode_bytes(data, size, count, [&](const char* element, uint32_t len) {
+    PyObject* item = PyBytes_FromStringAndSize(element, static_cast<Py_ssize_t>(len));
+    if (item == nullptr) throw py::error_already_set();
+    PyObject** slot = &slots[i++];  // Py_XSETREF evaluates its target twice
+    Py_XSETREF(*slot, item);
+  });
+  return out;
+}
 
 const char* numpy_format(DataType t) {
   switch (t) {
@@ -230,18 +245,7 @@ void bind_tensor(py::module_& m) {
       "decode_bytes",
       [](const py::buffer& b, uint64_t count) {
         py::buffer_info info = readable(b);
-        check_bytes_count(buffer_nbytes(info), count);  // before the count sizes an allocation
-        py::array out = py::module_::import("numpy").attr("empty")(count, py::arg("dtype") = "object");
-        auto** slots = static_cast<PyObject**>(out.mutable_data());
-        uint64_t i = 0;
-        decode_bytes(static_cast<const uint8_t*>(info.ptr), buffer_nbytes(info), count,
-                     [&](const char* data, uint32_t len) {
-                       PyObject* item = PyBytes_FromStringAndSize(data, static_cast<Py_ssize_t>(len));
-                       if (item == nullptr) throw py::error_already_set();
-                       PyObject** slot = &slots[i++];  // Py_XSETREF evaluates its target twice
-                       Py_XSETREF(*slot, item);
-                     });
-        return out;
+        return decode_bytes_array(static_cast<const uint8_t*>(info.ptr), buffer_nbytes(info), count);
       },
       py::arg("buffer"), py::arg("count"),
       "Parse `count` length-prefixed elements into a 1-D numpy object array of bytes.");

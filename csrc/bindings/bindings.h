@@ -3,8 +3,12 @@
 
 #include <pybind11/pybind11.h>
 
+#include <pybind11/numpy.h>
+
 #include <chrono>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "shm/pool.h"
 #include "sync/futex.h"
@@ -18,6 +22,12 @@ void bind_pool(py::module_& m);
 void bind_ipc(py::module_& m);
 void bind_tensor(py::module_& m);
 void bind_dlpack(py::module_& m);
+void bind_record(py::module_& m);
+
+/// Each item of a BYTES tensor as raw bytes (bytes as is, str as UTF-8, else str(x)), in order.
+std::vector<std::string> collect_elements(const py::iterable& items);
+/// `count` length-prefixed elements parsed into a 1-D numpy object array of bytes (validated).
+py::array decode_bytes_array(const uint8_t* data, uint64_t size, uint64_t count);
 
 /// numpy's format string for a Triton dtype; BF16 (no numpy type) is seen as its raw uint16 words.
 /// Raises ValueError for BYTES and INVALID.

@@ -30,4 +30,5 @@ PYBIND11_MODULE(_core, m) {
   bindings::bind_ipc(m);
   bindings::bind_tensor(m);
   bindings::bind_dlpack(m);
+  bindings::bind_record(m);
 }

@@ -1,0 +1,213 @@
+// Bindings of inference records: numpy arrays in, zero-copy numpy views out. No protocol logic here.
+#include <pybind11/numpy.h>
+#include <pybind11/native_enum.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "bindings/bindings.h"
+#include "common/errors.h"
+#include "ipc/infer_record.h"
+#include "tensor/bytes_codec.h"
+#include "tensor/dtype.h"
+
+namespace stubhost::bindings {
+namespace {
+
+/// Frees one record when the last numpy view of its tensors goes away.
+class RecordLease {
+ public:
+  RecordLease(std::shared_ptr<Pool> pool, uint64_t handle) : pool_(std::move(pool)), handle_(handle) {}
+  RecordLease(const RecordLease&) = delete;
+  RecordLease& operator=(const RecordLease&) = delete;
+  ~RecordLease() {
+    if (pool_->closed()) return;  // the owner is tearing the pool down; nothing left to return
+    try {
+      pool_->free(handle_);
+    } catch (const CoreError&) {
+      // The handle was valid when read, so only a peer that corrupted its own pool gets here;
+      // a destructor has no caller to tell, and the pool's check() will report the damage.
+    }
+  }
+
+ private:
+  std::shared_ptr<Pool> pool_;
+  uint64_t handle_;
+};
+
+DataType dtype_of(const py::dtype& dt) {
+  const char kind = dt.kind();
+  const auto size = dt.itemsize();
+  switch (kind) {
+    case 'b': return DataType::kBool;
+    case 'u':
+      if (size == 1) return DataType::kUint8;
+      if (size == 2) return DataType::kUint16;
+      if (size == 4) return DataType::kUint32;
+      if (size == 8) return DataType::kUint64;
+      break;
+    case 'i':
+      if (size == 1) return DataType::kInt8;
+      if (size == 2) return DataType::kInt16;
+      if (size == 4) return DataType::kInt32;
+      if (size == 8) return DataType::kInt64;
+      break;
+    case 'f':
+      if (size == 2) return DataType::kFp16;
+      if (size == 4) return DataType::kFp32;
+      if (size == 8) return DataType::kFp64;
+      break;
+    case 'O':
+    case 'S':
+    case 'U': return DataType::kBytes;
+    default: break;
+  }
+  throw py::type_error("numpy dtype " + py::str(py::handle(reinterpret_cast<PyObject*>(dt.ptr()))).cast<std::string>() +
+                       " has no Triton data type");
+}
+
+std::string to_string(const py::handle& s) {
+  if (PyBytes_Check(s.ptr())) return std::string(PyBytes_AS_STRING(s.ptr()), PyBytes_GET_SIZE(s.ptr()));
+  Py_ssize_t n = 0;
+  const char* p = PyUnicode_AsUTF8AndSize(s.ptr(), &n);
+  if (p == nullptr) throw py::error_already_set();
+  return std::string(p, static_cast<size_t>(n));
+}
+
+py::str from_utf8(const std::string& s) {
+  PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+  if (o == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(o);
+}
+
+/// Keeps what write_record copies from alive and describes it.
+struct TensorInputs {
+  std::vector<py::array> arrays;       // numeric data, C-contiguous, native byte order
+  std::vector<std::string> serialized; // BYTES data
+  std::vector<RecordTensorSource> sources;
+};
+
+void add_tensor(TensorInputs& in, const py::handle& item) {
+  const auto entry = py::reinterpret_borrow<py::tuple>(item);
+  if (entry.size() < 2 || entry.size() > 3) throw py::value_error("a tensor is (name, array) or (name, array, dtype)");
+  RecordTensorSource src;
+  src.name = to_string(entry[0]);
+  py::array arr = py::array::ensure(entry[1]);
+  if (!arr) throw py::error_already_set();
+  const bool explicit_dtype = entry.size() == 3 && !entry[2].is_none();
+  src.dtype = explicit_dtype ? static_cast<DataType>(entry[2].cast<int>()) : dtype_of(arr.dtype());
+  src.shape.assign(arr.shape(), arr.shape() + arr.ndim());
+  if (src.dtype == DataType::kBytes) {
+    const auto elements = collect_elements(arr.attr("ravel")());
+    std::string data;
+    uint64_t size = 0;
+    for (const auto& e : elements) size += 4 + e.size();
+    data.resize(size);
+    auto* dst = reinterpret_cast<uint8_t*>(data.data());
+    for (const auto& e : elements) dst += encode_bytes_element(dst, e.data(), static_cast<uint32_t>(e.size()));
+    in.serialized.push_back(std::move(data));
+    src.data = reinterpret_cast<const uint8_t*>(in.serialized.back().data());
+    src.byte_size = in.serialized.back().size();
+  } else {
+    if (arr.dtype().kind() == 'O' || arr.dtype().kind() == 'S' || arr.dtype().kind() == 'U') {
+      throw py::type_error("tensor '" + src.name + "' holds strings but is declared " + dtype_name(src.dtype));
+    }
+    if (explicit_dtype && static_cast<py::ssize_t>(dtype_size(src.dtype)) != arr.itemsize()) {
+      throw py::type_error("tensor '" + src.name + "' has " + std::to_string(arr.itemsize()) +
+                           "-byte elements but is declared " + dtype_name(src.dtype));
+    }
+    if (arr.dtype().attr("byteorder").cast<std::string>() == ">") {
+      arr = arr.attr("astype")(arr.dtype().attr("newbyteorder")("<"));
+    }
+    arr = py::array::ensure(arr, py::array::c_style);
+    if (!arr) throw py::error_already_set();
+    src.data = static_cast<const uint8_t*>(arr.data());
+    src.byte_size = static_cast<uint64_t>(arr.nbytes());
+    in.arrays.push_back(std::move(arr));
+  }
+  in.sources.push_back(std::move(src));
+}
+
+py::array tensor_view(const std::shared_ptr<Pool>& pool, const TensorDesc& d, const py::object& base) {
+  const uint8_t* data = pool->resolve(d.data_handle, d.byte_size);
+  if (d.dtype == DataType::kBytes) {
+    py::array flat = decode_bytes_array(data, d.byte_size, element_count(d.shape));
+    return flat.attr("reshape")(py::cast(d.shape));
+  }
+  return py::array(py::dtype(numpy_format(d.dtype)), std::vector<py::ssize_t>(d.shape.begin(), d.shape.end()), {},
+                   data, base);
+}
+
+}  // namespace
+
+void bind_record(py::module_& m) {
+  py::class_<RecordLease>(m, "RecordLease", "Frees an inference record when its last tensor view goes away.");
+
+  py::native_enum<RecordKind>(m, "RecordKind", "enum.IntEnum")
+      .value("REQUEST", RecordKind::kRequest)
+      .value("RESPONSE", RecordKind::kResponse)
+      .value("PAYLOAD", RecordKind::kPayload)
+      .finalize();
+
+  m.def(
+      "write_record",
+      [](const std::shared_ptr<Pool>& pool, uint32_t kind, uint32_t status, const py::sequence& ints,
+         const py::sequence& strings, const py::sequence& tensors, uint64_t next) {
+        RecordSource source;
+        if (kind < 1 || kind > 3) throw py::value_error("unknown record kind " + std::to_string(kind));
+        source.kind = static_cast<RecordKind>(kind);
+        source.status = status;
+        source.next = next;
+        if (ints.size() > kMaxRecordInts) throw py::value_error("a record holds at most 3 integers");
+        for (size_t i = 0; i < ints.size(); ++i) source.ints[i] = ints[i].cast<uint64_t>();
+        source.strings.reserve(strings.size());
+        for (const py::handle s : strings) source.strings.push_back(to_string(s));
+        TensorInputs in;
+        in.sources.reserve(tensors.size());
+        for (const py::handle t : tensors) add_tensor(in, t);
+        source.tensors = std::move(in.sources);
+        Pool& p = open_pool(pool);
+        uint64_t data_bytes = 0;
+        for (const auto& t : source.tensors) data_bytes += t.byte_size;
+        if (data_bytes < (1u << 20)) return write_record(p, source);
+        py::gil_scoped_release release;  // large copies run without the GIL; `in` keeps the data alive
+        return write_record(p, source);
+      },
+      py::arg("pool"), py::arg("kind"), py::arg("status") = 0, py::arg("ints") = py::tuple(),
+      py::arg("strings") = py::tuple(), py::arg("tensors") = py::tuple(), py::arg("next") = 0,
+      "Write one record (strings, and tensors given as (name, array[, dtype])) in one allocation.\n"
+      "Arrays are copied once; str/bytes/object arrays become BYTES. Returns the record's handle.");
+  m.def(
+      "read_record",
+      [](const std::shared_ptr<Pool>& pool, uint64_t handle, bool lease) {
+        RecordView view = read_record(open_pool(pool), handle);
+        const py::object base = lease ? py::cast(std::make_unique<RecordLease>(pool, handle)) : py::cast(pool);
+        py::list strings;
+        for (const auto& s : view.strings) strings.append(from_utf8(s));
+        py::list tensors;
+        for (const auto& d : view.tensors) {
+          tensors.append(py::make_tuple(py::str(d.name), static_cast<int>(d.dtype), tensor_view(pool, d, base)));
+        }
+        return py::make_tuple(static_cast<int>(view.kind), view.status,
+                              py::make_tuple(view.ints[0], view.ints[1], view.ints[2]), view.next, strings, tensors);
+      },
+      py::arg("pool"), py::arg("handle"), py::arg("lease") = false,
+      "Read and validate a record: (kind, status, ints, next, strings, [(name, dtype, array)]).\n"
+      "Arrays are zero-copy views (BYTES are decoded to object arrays). With lease=True the record\n"
+      "is freed when the last view goes away; otherwise the writer stays its owner.");
+  m.def(
+      "set_record_next",
+      [](const std::shared_ptr<Pool>& pool, uint64_t handle, uint64_t next) {
+        set_record_next(open_pool(pool), handle, next);
+      },
+      py::arg("pool"), py::arg("handle"), py::arg("next"));
+  m.def(
+      "free_record_chain",
+      [](const std::shared_ptr<Pool>& pool, uint64_t handle, uint32_t limit) {
+        return free_record_chain(open_pool(pool), handle, limit);
+      },
+      py::arg("pool"), py::arg("handle"), py::arg("limit") = 1u << 20,
+      "Free a record and the records chained after it; returns how many were freed.");
+}
+
+}  // namespace stubhost::bindings
