@@ -1,5 +1,7 @@
 #include "sync/futex.h"
 
+#include <cstdlib>
+
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <sched.h>
@@ -13,8 +15,21 @@
 namespace stubhost {
 namespace {
 constexpr int64_t kMinAdaptiveSpinNs = 1000;
-std::atomic<int64_t> g_spin_budget_ns{20000};
-std::atomic<int64_t> g_adaptive_spin_ns{20000};
+constexpr int64_t kDefaultSpinNs = 100000;
+
+/// The ceiling a process starts with: STUBHOST_SPIN_US from the environment (inherited by stubs,
+/// so one setting tunes both sides), else 100 us, long enough to cover a Python-level execute.
+int64_t initial_spin_ns() noexcept {
+  const char* text = std::getenv("STUBHOST_SPIN_US");
+  if (text == nullptr || *text == '\0') return kDefaultSpinNs;
+  char* end = nullptr;
+  const double us = std::strtod(text, &end);
+  if (end == text || !(us >= 0) || us > 1e6) return kDefaultSpinNs;
+  return static_cast<int64_t>(us * 1000);
+}
+
+std::atomic<int64_t> g_spin_budget_ns{initial_spin_ns()};
+std::atomic<int64_t> g_adaptive_spin_ns{g_spin_budget_ns.load()};
 }  // namespace
 
 std::chrono::nanoseconds spin_budget() noexcept {
@@ -38,7 +53,7 @@ void record_spin(bool succeeded) noexcept {
   const int64_t ceiling = g_spin_budget_ns.load(std::memory_order_relaxed);
   const int64_t floor = ceiling < kMinAdaptiveSpinNs ? ceiling : kMinAdaptiveSpinNs;
   int64_t next = g_adaptive_spin_ns.load(std::memory_order_relaxed);
-  next = succeeded ? next + next / 2 + 1 : next / 2;
+  next = succeeded ? next + next / 2 + 1 : next - next / 4;  // shrink gently: one slow answer is no trend
   if (next > ceiling) next = ceiling;
   if (next < floor) next = floor;
   g_adaptive_spin_ns.store(next, std::memory_order_relaxed);

@@ -1,7 +1,7 @@
 """stubhost: a process host for Triton Python-backend models.
 
-The shared-memory IPC core lives in the C++ extension ``stubhost._core``; the names most code
-needs are re-exported here.
+``stubhost.Server`` is the in-process API (see stubhost.host.server); the shared-memory IPC core
+lives in the C++ extension ``stubhost._core``, and the names most code needs are re-exported here.
 """
 
 from stubhost._core import (
@@ -32,6 +32,7 @@ __all__ = [
     "InvalidHandleError",
     "IPCControl",
     "IPCMessage",
+    "InferenceError",
     "LayoutVersionError",
     "LockTimeoutError",
     "MemoryType",
@@ -39,6 +40,25 @@ __all__ = [
     "Pool",
     "PoolFullError",
     "ShmError",
+    "RestartPolicy",
+    "Server",
     "ShmSpaceError",
 ]
 __version__ = "0.1.0"
+
+# The parent-side API is imported on first use, so that a stub (which imports stubhost) never
+# loads the host layer.
+_LAZY = {
+    "InferenceError": "stubhost.host.errors",
+    "RestartPolicy": "stubhost.host.instance",
+    "Server": "stubhost.host.server",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stubhost' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -49,6 +49,9 @@ def triton_to_numpy_dtype(dtype: DataType) -> np.dtype:
 
 def numpy_to_triton_dtype(dtype: Any) -> DataType:
     """Triton dtype of a numpy dtype; bytes_ and str_ arrays are BYTES."""
+    known = _TRITON_OF.get(dtype)  # fast path: a native-order numpy dtype (hashes like its type)
+    if known is not None:
+        return known
     dt = np.dtype(dtype)
     if dt.kind in ("S", "U", "O"):
         return DataType.BYTES

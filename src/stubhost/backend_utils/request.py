@@ -1,0 +1,95 @@
+"""``pb_utils.InferenceRequest``: what ``execute`` receives (and, later, what BLS sends)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from stubhost.backend_utils.tensor import Tensor
+
+
+class InferenceRequest:
+    """One inference request: inputs, requested outputs, id, correlation id, flags, parameters."""
+
+    __slots__ = ("_inputs", "_requested_output_names", "_request_id", "_correlation_id", "_flags",
+                 "_parameters", "_timeout", "_model_name", "_model_version")
+
+    def __init__(self, model_name: str = "", inputs: Sequence[Tensor] = (),
+                 requested_output_names: Sequence[str] = (), request_id: str = "",
+                 correlation_id: int | str = 0, model_version: int = -1, flags: int = 0,
+                 timeout: int = 0, parameters: dict[str, Any] | str | None = None, **_: Any) -> None:
+        for tensor in inputs:
+            if not isinstance(tensor, Tensor):
+                raise TypeError(f"inputs must be pb_utils.Tensor objects, got {type(tensor).__name__}")
+        self._inputs = list(inputs)
+        self._requested_output_names = [str(n) for n in requested_output_names]
+        self._request_id = str(request_id)
+        self._correlation_id = correlation_id
+        self._flags = int(flags)
+        self._timeout = int(timeout)
+        if parameters is None:
+            self._parameters = "{}"
+        elif isinstance(parameters, str):
+            self._parameters = parameters
+        else:
+            self._parameters = json.dumps(parameters)
+        self._model_name = str(model_name)
+        self._model_version = int(model_version)
+
+    @classmethod
+    def _from_stub(cls, inputs: list[Tensor], requested: list[str], request_id: str, correlation_id: int | str,
+                   flags: int, timeout: int, parameters: str, model_name: str,
+                   model_version: int) -> InferenceRequest:
+        """Builds a request read from the pool without re-validating it (the stub's fast path)."""
+        r = cls.__new__(cls)
+        r._inputs = inputs
+        r._requested_output_names = requested
+        r._request_id = request_id
+        r._correlation_id = correlation_id
+        r._flags = flags
+        r._timeout = timeout
+        r._parameters = parameters
+        r._model_name = model_name
+        r._model_version = model_version
+        return r
+
+    def inputs(self) -> list[Tensor]:
+        """The input tensors."""
+        return self._inputs
+
+    def requested_output_names(self) -> list[str]:
+        """Names of the outputs the caller asked for (empty: all of them)."""
+        return self._requested_output_names
+
+    def request_id(self) -> str:
+        """The caller's request id ("" when none was given)."""
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        """The sequence correlation id: an int, or a str when the caller used a string id."""
+        return self._correlation_id
+
+    def flags(self) -> int:
+        """TRITONSERVER_REQUEST_FLAG_* bits (sequence start/end)."""
+        return self._flags
+
+    def timeout(self) -> int:
+        """The request's timeout in microseconds (0: none)."""
+        return self._timeout
+
+    def parameters(self) -> str:
+        """The request's parameters as a JSON object text."""
+        return self._parameters
+
+    def model_name(self) -> str:
+        """Name of the model the request is for."""
+        return self._model_name
+
+    def model_version(self) -> int:
+        """Version of the model the request is for (-1: the policy's choice)."""
+        return self._model_version
+
+    def __repr__(self) -> str:
+        return (f"InferenceRequest(request_id={self._request_id!r}, inputs={[t.name() for t in self._inputs]}, "
+                f"requested_output_names={self._requested_output_names})")

@@ -1,0 +1,52 @@
+"""``pb_utils.InferenceResponse``: what ``execute`` returns, one per request."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from stubhost.backend_utils.errors import TritonError
+from stubhost.backend_utils.tensor import Tensor
+
+
+class InferenceResponse:
+    """Output tensors, or an error that fails only this response's request, plus parameters."""
+
+    __slots__ = ("_output_tensors", "_error", "_parameters")
+
+    def __init__(self, output_tensors: Sequence[Tensor] | None = None, error: TritonError | None = None,
+                 parameters: dict[str, Any] | str | None = None) -> None:
+        tensors = list(output_tensors) if output_tensors is not None else []
+        for tensor in tensors:
+            if not isinstance(tensor, Tensor):
+                raise TypeError(f"output_tensors must be pb_utils.Tensor objects, got {type(tensor).__name__}")
+        if error is not None and not isinstance(error, TritonError):
+            raise TypeError(f"error must be a pb_utils.TritonError, got {type(error).__name__}")
+        self._output_tensors = tensors
+        self._error = error
+        if parameters is None:
+            self._parameters = "{}"
+        elif isinstance(parameters, str):
+            self._parameters = parameters
+        else:
+            self._parameters = json.dumps(parameters)
+
+    def output_tensors(self) -> list[Tensor]:
+        """The output tensors."""
+        return self._output_tensors
+
+    def has_error(self) -> bool:
+        """True when the response carries an error."""
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        """The response's error, or None."""
+        return self._error
+
+    def parameters(self) -> str:
+        """The response's parameters as a JSON object text."""
+        return self._parameters
+
+    def __repr__(self) -> str:
+        return f"InferenceResponse(outputs={[t.name() for t in self._output_tensors]}, error={self._error!r})"

@@ -1,0 +1,96 @@
+"""``pb_utils.Tensor``: a named tensor that model code reads inputs from and builds outputs with.
+
+Inputs are zero-copy numpy views of the stub's shared-memory pool; outputs wrap the model's numpy
+arrays and are copied into the pool once, when the response is sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from stubhost import _core
+from stubhost.backend_utils.errors import TritonModelException
+from stubhost.tensor import numpy_to_triton_dtype
+
+_BF16 = int(_core.DataType.BF16)
+_BYTES = int(_core.DataType.BYTES)
+
+
+class Tensor:
+    """A named tensor: ``Tensor(name, numpy_array)``; ``as_numpy()`` returns the array itself."""
+
+    __slots__ = ("_name", "_array", "_dtype")
+
+    def __init__(self, name: str, tensor: Any) -> None:
+        if not isinstance(name, str):
+            raise TritonModelException(f"tensor name must be a str, got {type(name).__name__}")
+        array = tensor if isinstance(tensor, np.ndarray) else np.asarray(tensor)
+        try:
+            dtype = int(numpy_to_triton_dtype(array.dtype))
+        except TypeError as e:
+            raise TritonModelException(f"tensor '{name}': {e}") from None
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        self._name = name
+        self._array = array
+        self._dtype = dtype
+
+    @classmethod
+    def _wrap(cls, name: str, dtype: int, array: np.ndarray) -> Tensor:
+        """Wraps an array read from the pool without re-checking it (the stub's fast path)."""
+        t = cls.__new__(cls)
+        t._name = name
+        t._array = array
+        t._dtype = dtype
+        return t
+
+    def name(self) -> str:
+        """The tensor's name."""
+        return self._name
+
+    def shape(self) -> list[int]:
+        """The tensor's shape as a list of ints."""
+        return list(self._array.shape)
+
+    def triton_dtype(self) -> int:
+        """The TRITONSERVER data type (an int; ``numpy_to_triton_type`` gives the same numbers)."""
+        return self._dtype
+
+    def is_cpu(self) -> bool:
+        """True: tensors live in CPU memory (GPU tensors arrive with the GPU issue)."""
+        return True
+
+    def as_numpy(self) -> np.ndarray:
+        """The tensor as a numpy array: a view, never a copy (BYTES: an object array of bytes)."""
+        if self._dtype == _BF16:
+            raise TritonModelException(
+                "tensor dtype is bf16 and cannot be converted to numpy. Use Tensor.to_dlpack() and/or "
+                "Tensor.from_dlpack() instead.")
+        return self._array
+
+    def to_dlpack(self) -> Any:
+        """A DLPack capsule sharing this tensor's memory."""
+        return self.__dlpack__()
+
+    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
+        """DLPack export (no copy); not possible for BYTES tensors."""
+        if self._dtype == _BYTES:
+            raise TritonModelException("DLPack does not support BYTES tensors")
+        array = self._array
+        dtype = _core.DataType(self._dtype)
+        return _core.to_dlpack(array, array.ctypes.data, dtype, array.shape)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """(kDLCPU, 0)."""
+        return (1, 0)
+
+    @staticmethod
+    def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
+        """A tensor sharing the memory of a DLPack capsule or of any object with ``__dlpack__``."""
+        dtype, array = _core.from_dlpack(dlpack_tensor)
+        return Tensor._wrap(name, int(dtype), array)
+
+    def __repr__(self) -> str:
+        return f"Tensor(name={self._name!r}, dtype={_core.DataType(self._dtype).name}, shape={self.shape()})"

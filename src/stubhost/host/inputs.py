@@ -1,0 +1,139 @@
+"""Checks a caller's inputs and requested outputs against the model configuration.
+
+Error texts follow Triton's core (``[request id: ...] unexpected inference input ...``) so that
+users who grep logs find what they know.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stubhost import _core
+from stubhost.config.dtypes import config_dtype_to_triton
+from stubhost.host.errors import InferenceError
+from stubhost.tensor import numpy_to_triton_dtype
+
+_BYTES = int(_core.DataType.BYTES)
+_STRING_KINDS = ("O", "S", "U")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One configured input or output."""
+
+    name: str
+    dtype: int
+    dtype_name: str
+    dims: tuple[int, ...]
+    optional: bool
+    reshape: tuple[int, ...] | None
+
+
+def _spec(entry: Mapping[str, Any]) -> TensorSpec:
+    name = config_dtype_to_triton(str(entry.get("data_type", "TYPE_INVALID")))
+    reshape = entry.get("reshape")
+    reshape_dims = tuple(int(d) for d in reshape.get("shape", [])) if isinstance(reshape, Mapping) else None
+    return TensorSpec(str(entry["name"]), int(_core.dtype_from_name(name)), name,
+                      tuple(int(d) for d in entry.get("dims", [])), bool(entry.get("optional", False)),
+                      reshape_dims)
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+class RequestChecker:
+    """Validates requests for one model; built once per loaded configuration."""
+
+    def __init__(self, model_name: str, config: Mapping[str, Any]) -> None:
+        self.model_name = model_name
+        self.max_batch_size = int(config.get("max_batch_size", 0))
+        self.inputs = {s.name: s for s in map(_spec, config.get("input", []))}
+        self.outputs = {s.name: s for s in map(_spec, config.get("output", []))}
+        self.required = [s.name for s in self.inputs.values() if not s.optional]
+
+    def _error(self, request_id: str, text: str) -> InferenceError:
+        return InferenceError("INVALID_ARG", f"[request id: {request_id or '<id_unknown>'}] {text}")
+
+    def check_inputs(self, inputs: Mapping[str, Any], request_id: str) -> list[tuple[str, np.ndarray, int]]:
+        """(name, array, dtype) for each input, validated; raises InferenceError(INVALID_ARG)."""
+        tensors: list[tuple[str, np.ndarray, int]] = []
+        batch: int | None = None
+        for name, value in inputs.items():
+            spec = self.inputs.get(name)
+            if spec is None:
+                raise self._error(request_id, f"unexpected inference input '{name}' for model '{self.model_name}'")
+            array = value if isinstance(value, np.ndarray) else np.asarray(value)
+            if spec.dtype == _BYTES:
+                if array.dtype.kind not in _STRING_KINDS:
+                    raise self._error(request_id, f"inference input '{name}' data-type is "
+                                                  f"'{_core.dtype_name(_dtype_of(array))}', but model "
+                                                  f"'{self.model_name}' expects 'BYTES'")
+            elif _dtype_of(array) != spec.dtype:
+                raise self._error(request_id, f"inference input '{name}' data-type is "
+                                              f"'{_core.dtype_name(_dtype_of(array))}', but model "
+                                              f"'{self.model_name}' expects '{spec.dtype_name}'")
+            shape = array.shape
+            dims = shape
+            if self.max_batch_size > 0:
+                if not shape:
+                    raise self._error(request_id, f"input '{name}' for model '{self.model_name}' has no batch "
+                                                  "dimension")
+                if batch is None:
+                    batch = shape[0]
+                elif shape[0] != batch:
+                    raise self._error(request_id, f"input '{name}' batch size {shape[0]} does not match other "
+                                                  f"inputs' batch size {batch} for model '{self.model_name}'")
+                dims = shape[1:]
+            if len(dims) != len(spec.dims) or any(d != -1 and d != s for d, s in zip(spec.dims, dims)):
+                expected = ([-1] if self.max_batch_size > 0 else []) + list(spec.dims)
+                raise self._error(request_id, f"unexpected shape for input '{name}' for model "
+                                              f"'{self.model_name}'. Expected {_shape_text(expected)}, got "
+                                              f"{_shape_text(shape)}. ")
+            if spec.reshape is not None:
+                array = array.reshape(tuple(shape[:1] if self.max_batch_size > 0 else ()) + spec.reshape)
+            tensors.append((name, array, spec.dtype))
+        if batch is not None and batch > self.max_batch_size:
+            raise self._error(request_id, f"inference request batch-size must be <= {self.max_batch_size} for "
+                                          f"'{self.model_name}'")
+        missing = [n for n in self.required if n not in inputs]
+        if missing:
+            raise self._error(request_id, f"expected {len(self.inputs)} inputs but got {len(inputs)} inputs for "
+                                          f"model '{self.model_name}'. Got input(s) {sorted(inputs)}, but missing "
+                                          f"required input(s) {missing}. Please provide all required input(s).")
+        return tensors
+
+    def check_outputs(self, outputs: Sequence[str] | None, request_id: str) -> list[str]:
+        """The requested output names, each one known to the model."""
+        if not outputs:
+            return []
+        names = [str(n) for n in outputs]
+        for name in names:
+            if name not in self.outputs:
+                raise self._error(request_id, f"unexpected inference output '{name}' for model "
+                                              f"'{self.model_name}'")
+        return names
+
+    def check_result(self, result: list[tuple[str, int, np.ndarray]], request_id: str) -> dict[str, np.ndarray]:
+        """The outputs as a dict; an output of another dtype than configured is the model's error."""
+        out: dict[str, np.ndarray] = {}
+        for name, dtype, array in result:
+            spec = self.outputs.get(name)
+            if spec is not None and spec.dtype != dtype:
+                raise InferenceError("INTERNAL", f"[request id: {request_id or '<id_unknown>'}] output '{name}' of "
+                                                 f"model '{self.model_name}' has data type "
+                                                 f"{_core.dtype_name(_core.DataType(dtype))} but the model "
+                                                 f"configuration declares {spec.dtype_name}")
+            out[name] = array
+        return out
+
+
+def _dtype_of(array: np.ndarray) -> int:
+    try:
+        return int(numpy_to_triton_dtype(array.dtype))
+    except TypeError:
+        return int(_core.DataType.INVALID)

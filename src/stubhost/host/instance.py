@@ -1,0 +1,267 @@
+"""One model instance: a stub process that is initialized, serves Execute, and is restarted.
+
+States: STARTING -> READY -> (RESTARTING -> READY)* -> STOPPED, or FAILED once the restart
+budget is spent. Execute never runs on a stub that is not READY; a caller that arrives while its
+instance restarts waits for it (bounded by its timeout).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stubhost import _core
+from stubhost._core import Command, RecordKind
+from stubhost.host.errors import InferenceError
+from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
+from stubhost.protocol import REPLY_ERROR, REPLY_STUB_GONE, error_code_name, read_payload, write_payload
+
+log = logging.getLogger("stubhost")
+
+_REQUEST = int(RecordKind.REQUEST)
+IS_READY_TIMEOUT_S = 5.0
+
+
+class InstanceState(enum.Enum):
+    """Where an instance is in its life."""
+
+    STARTING = "starting"
+    READY = "ready"
+    RESTARTING = "restarting"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+@dataclass
+class RestartPolicy:
+    """Automatic restart of crashed or hung stubs, with backoff; a crash loop ends in FAILED."""
+
+    enabled: bool = True
+    max_restarts: int = 5          # within `window_s`; one more crash and the instance is FAILED
+    window_s: float = 60.0
+    backoff_s: float = 0.1         # doubled per recent crash, capped at `max_backoff_s`
+    max_backoff_s: float = 5.0
+
+
+@dataclass
+class InstanceSpec:
+    """Everything needed to start and initialize one instance."""
+
+    model_name: str
+    version: int
+    instance_name: str
+    kind: str                       # "CPU" or "MODEL" (GPU arrives with the GPU issue)
+    device_id: int
+    model_file: str
+    model_dir: str
+    config: dict[str, Any]
+    python: str | None = None
+    env: dict[str, str] | None = None
+    init_timeout_s: float = 120.0
+    finalize_timeout_s: float = 30.0
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+
+    def initialize_args(self) -> dict[str, str]:
+        """Exactly the keys Triton's Python backend passes to ``initialize(args)``."""
+        return {
+            "model_config": json.dumps(self.config),
+            "model_instance_kind": self.kind,
+            "model_instance_name": self.instance_name,
+            "model_instance_device_id": str(self.device_id),
+            "model_repository": self.model_dir,
+            "model_version": str(self.version),
+            "model_name": self.model_name,
+        }
+
+    def load_payload(self) -> dict[str, Any]:
+        """What the stub needs to import the model file."""
+        return {"model_file": self.model_file, "model_dir": self.model_dir}
+
+
+def load_error(spec: InstanceSpec, e: BaseException) -> InferenceError:
+    """A load failure worded with the instance and, for model errors, the model's traceback."""
+    return InferenceError("INTERNAL", f"Failed to initialize model instance '{spec.instance_name}' of model "
+                                      f"'{spec.model_name}': {e}")
+
+
+def initialize_stub(process: StubProcess, spec: InstanceSpec) -> bool:
+    """Sends Initialize and waits for it; raises InferenceError on any failure (stub killed).
+
+    Returns whether the model defines ``is_ready()``.
+    """
+    try:
+        payload = {**spec.load_payload(), "args": spec.initialize_args()}
+        reply = process.call(Command.INITIALIZE_REQUEST, write_payload(process.pool, payload), spec.init_timeout_s)
+    except (StubCallError, StubGoneError, TimeoutError, _core.CoreError) as e:
+        process.close()
+        raise load_error(spec, e) from None
+    return isinstance(reply, dict) and bool(reply.get("is_ready"))
+
+
+class ModelInstance:
+    """A running instance. ``execute`` may be called from any number of threads."""
+
+    def __init__(self, spec: InstanceSpec, process: StubProcess | None = None) -> None:
+        self.spec = spec
+        self.name = spec.instance_name
+        self.state = InstanceState.STARTING
+        self._ready = threading.Event()
+        self._lock = threading.Lock()
+        self._crashes: deque[float] = deque()
+        self.restarts = 0
+        self.has_is_ready = False
+        self.process = process if process is not None else StubProcess(spec.instance_name, python=spec.python,
+                                                                         env=spec.env)
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def initialize(self) -> None:
+        """Initializes the model in the stub; READY on success, raises InferenceError otherwise."""
+        self.has_is_ready = initialize_stub(self.process, self.spec)
+        self.state = InstanceState.READY
+        self._ready.set()
+
+    def probe_ready(self) -> bool:
+        """READY, and the model's own ``is_ready()`` (when it has one) returned True."""
+        if self.state is not InstanceState.READY:
+            return False
+        if not self.has_is_ready:
+            return True
+        try:
+            reply = self.process.call(Command.PING, 0, IS_READY_TIMEOUT_S)
+        except (StubCallError, StubGoneError, TimeoutError, _core.CoreError) as e:
+            log.warning("is_ready() of instance '%s' failed: %s", self.name, e)
+            return False
+        return isinstance(reply, dict) and reply.get("ready") is True
+
+    def load_count(self) -> int:
+        """Requests in flight on this instance (for picking the least busy one)."""
+        return len(self.process.inflight)
+
+    def check_health(self) -> None:
+        """Called by the health monitor: notices a dead stub and starts its replacement."""
+        with self._lock:
+            if self.state is not InstanceState.READY or self.process.alive():
+                return
+            self._ready.clear()
+            code = self.process.process.poll()
+            log.error("Stub process '%s' is not healthy (exit code %s).", self.name, code)
+            self.process.fail_inflight()
+            now = time.monotonic()
+            self._crashes.append(now)
+            while self._crashes and now - self._crashes[0] > self.spec.restart.window_s:
+                self._crashes.popleft()
+            policy = self.spec.restart
+            if not policy.enabled or len(self._crashes) > policy.max_restarts:
+                self.state = InstanceState.FAILED
+                self._ready.set()  # wake waiters: they fail fast now
+                log.error("Instance '%s' stays down after %d crash(es) in %.0f s.", self.name, len(self._crashes),
+                          policy.window_s)
+                return
+            self.state = InstanceState.RESTARTING
+            delay = min(policy.backoff_s * 2 ** (len(self._crashes) - 1), policy.max_backoff_s)
+        threading.Thread(target=self._restart, args=(delay,), name=f"stubhost-restart-{self.name}",
+                         daemon=True).start()
+
+    def _restart(self, delay: float) -> None:
+        time.sleep(delay)
+        old = self.process
+        old.close()
+        try:
+            process = StubProcess(self.name, python=self.spec.python, env=self.spec.env)
+            self.has_is_ready = initialize_stub(process, self.spec)
+        except Exception as e:
+            log.error("Restart of instance '%s' failed: %s", self.name, e)
+            with self._lock:
+                self.state = InstanceState.FAILED
+                self._ready.set()
+            return
+        with self._lock:
+            if self.state is not InstanceState.RESTARTING:  # stopped meanwhile
+                process.close()
+                return
+            self.process = process
+            self.restarts += 1
+            self.state = InstanceState.READY
+            self._ready.set()
+        log.info("Instance '%s' restarted (pid %d).", self.name, process.pid)
+
+    def mark_hung(self) -> None:
+        """A request outlived its timeout inside the stub: replace the stub."""
+        log.error("Stub process '%s' did not answer in time; replacing it.", self.name)
+        self.process.kill()  # the monitor sees it dead and restarts it
+
+    def stop(self) -> None:
+        """Finalizes the model (if READY) and stops the stub; idempotent."""
+        with self._lock:
+            state, self.state = self.state, InstanceState.STOPPED
+            self._ready.set()
+        process = self.process
+        if state is InstanceState.READY and process.alive():
+            try:
+                process.call(Command.FINALIZE_REQUEST, 0, self.spec.finalize_timeout_s)
+                process.process.wait(timeout=self.spec.finalize_timeout_s)
+            except (StubCallError, StubGoneError, TimeoutError, _core.CoreError) as e:
+                log.error("Finalize of instance '%s' failed: %s", self.name, e)
+            except Exception as e:  # subprocess.TimeoutExpired
+                log.error("Instance '%s' did not exit after finalize: %s", self.name, e)
+        process.close()
+
+    # ---- the hot path ----------------------------------------------------------------------------
+    def _wait_ready(self, timeout: float | None) -> StubProcess:
+        if self.state is not InstanceState.READY:
+            self._ready.wait(timeout if timeout is not None else self.spec.init_timeout_s)
+            if self.state is not InstanceState.READY:
+                raise InferenceError("UNAVAILABLE", f"Stub process '{self.name}' is not healthy.")
+        return self.process
+
+    def execute(self, tensors: list[tuple[str, np.ndarray, int]], outputs: list[str], request_id: str,
+                parameters: str, correlation_id: int | str, flags: int,
+                timeout: float | None) -> list[tuple[str, int, np.ndarray]]:
+        """Runs one request; returns [(name, dtype, array)] whose arrays are views of the pool."""
+        process = self._wait_ready(timeout)
+        pool = process.pool
+        corr_int, corr_text = (correlation_id, "") if isinstance(correlation_id, int) else (0, correlation_id)
+        timeout_us = int(timeout * 1e6) if timeout is not None else 0
+        try:
+            record = _core.write_record(pool, _REQUEST, 0, (flags, corr_int, timeout_us),
+                                        (request_id, parameters, corr_text, *outputs), tensors)
+        except _core.PoolFullError as e:
+            raise InferenceError("UNAVAILABLE", f"no room for the request in the shared memory of instance "
+                                                f"'{self.name}': {e}") from None
+        except (_core.CoreError, TypeError, ValueError) as e:
+            raise InferenceError("INVALID_ARG", f"[request id: {request_id or '<id_unknown>'}] {e}") from None
+        try:
+            message = process.submit(Command.EXECUTE_REQUEST, record, timeout)
+        except TimeoutError as e:
+            pool.free(record)
+            raise InferenceError("UNAVAILABLE", str(e)) from None
+        if not message.wait_reply(timeout):
+            self.mark_hung()
+            process.finish(message)
+            raise InferenceError("UNAVAILABLE", f"Request timeout expired: instance '{self.name}' did not answer "
+                                                f"within {timeout} s")
+        status, reply = process.finish(message)
+        if status == REPLY_STUB_GONE:
+            # The stub may have died while reading the record; its pool is discarded with it.
+            raise InferenceError("INTERNAL", f"Stub process '{self.name}' is not healthy.")
+        pool.free(record)
+        if status == REPLY_ERROR:
+            payload = read_payload(pool, reply) if reply else {}
+            raise InferenceError("INTERNAL", str(payload.get("message", "")) if isinstance(payload, dict) else "")
+        try:
+            _, code, _, next_record, strings, result = _core.read_record(pool, reply, lease=True)
+            if next_record:
+                _core.free_record_chain(pool, next_record)  # one request, one response: extras are dropped
+        except _core.CoreError as e:
+            raise InferenceError("INTERNAL", f"instance '{self.name}' sent a malformed response: {e}") from None
+        if code:
+            raise InferenceError(error_code_name(code - 1), strings[0] if strings else "")
+        return result

@@ -1,0 +1,229 @@
+"""A loaded model: its configuration, its versions and their instances, and request routing.
+
+Loading follows Triton: parse config.pbtxt (if any) -> let the model's ``auto_complete_config``
+complete it (in the first stub, which then becomes instance 0) -> fill defaults -> validate ->
+start and initialize every instance of every version the version policy selects.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import stubhost
+from stubhost._core import Command
+from stubhost.config import (
+    ConfigError,
+    ModelConfig,
+    config_from_dict,
+    config_to_dict,
+    fill_defaults,
+    load_config_file,
+    select_versions,
+    validate_config,
+)
+from stubhost.config.model_config_pb2 import ModelInstanceGroup
+from stubhost.host.errors import InferenceError
+from stubhost.host.inputs import RequestChecker
+from stubhost.host.instance import InstanceSpec, InstanceState, ModelInstance, RestartPolicy, initialize_stub, load_error
+from stubhost.host.repository import ModelDir, model_file
+from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
+from stubhost.protocol import write_payload
+
+log = logging.getLogger("stubhost")
+
+PYTHON_PARAMETER = "STUBHOST_PYTHON_EXECUTABLE"  # config parameter: the model's own interpreter
+_KINDS = {"KIND_CPU": "CPU", "KIND_MODEL": "MODEL", "KIND_AUTO": "CPU"}
+
+
+@dataclass
+class LoadOptions:
+    """How models are loaded (shared by every model of a server)."""
+
+    python: str | None = None
+    env: dict[str, str] | None = None
+    auto_complete: bool = True
+    init_timeout_s: float = 120.0
+    finalize_timeout_s: float = 30.0
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+
+    def stub_env(self) -> dict[str, str]:
+        """The server's environment, with stubhost importable even from a source checkout."""
+        env = dict(self.env if self.env is not None else os.environ)
+        package_root = str(Path(stubhost.__file__).resolve().parent.parent)
+        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if package_root not in paths:
+            env["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
+        return env
+
+
+def _auto_complete(process: StubProcess, cfg: ModelConfig, file: Path, model_dir: ModelDir, source: str,
+                   timeout: float) -> ModelConfig:
+    payload = {"model_file": str(file), "model_dir": str(model_dir.path), "config": config_to_dict(cfg)}
+    reply = process.call(Command.AUTO_COMPLETE_REQUEST, write_payload(process.pool, payload), timeout)
+    if not isinstance(reply, dict) or "config" not in reply:
+        raise StubCallError("auto_complete_config answered without a configuration")
+    return config_from_dict(reply["config"], source)
+
+
+class LoadedModel:
+    """A model with all its versions' instances running."""
+
+    def __init__(self, name: str, model_dir: ModelDir, config: ModelConfig,
+                 versions: dict[int, list[ModelInstance]]) -> None:
+        self.name = name
+        self.model_dir = model_dir
+        self.config = config
+        self.config_dict = config_to_dict(config)
+        self.versions = versions
+        self.latest = max(versions)
+        self.checker = RequestChecker(name, self.config_dict)
+
+    # ---- loading ---------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, model_dir: ModelDir, options: LoadOptions) -> LoadedModel:
+        """Loads every selected version; raises InferenceError naming what failed."""
+        name = model_dir.name
+        source = str(model_dir.config_path or model_dir.path / "config.pbtxt")
+        try:
+            cfg = load_config_file(model_dir.config_path) if model_dir.config_path else ModelConfig()
+            versions = select_versions(cfg, model_dir.versions)
+            if not versions:
+                raise ConfigError(source, f"at least one version must be available under the version policy of "
+                                          f"model '{name}'")
+            first_file = model_file(model_dir, versions[-1], cfg)
+        except (ConfigError, ValueError) as e:
+            raise InferenceError("INVALID_ARG", str(e)) from None
+        env = options.stub_env()
+        python = cfg.parameters[PYTHON_PARAMETER].string_value if PYTHON_PARAMETER in cfg.parameters else None
+        python = python or options.python
+        first = StubProcess(f"{name}_0_0", python=python, env=env)
+        try:
+            if options.auto_complete:
+                cfg = _auto_complete(first, cfg, first_file, model_dir, source, options.init_timeout_s)
+            fill_defaults(cfg, name)
+            validate_config(cfg, model_dir_name=name, source=source)
+            versions = select_versions(cfg, model_dir.versions)
+            if not versions:
+                raise ConfigError(source, f"at least one version must be available under the version policy of "
+                                          f"model '{name}'")
+            specs = cls._instance_specs(name, model_dir, cfg, versions, options, python, env)
+        except (ConfigError, ValueError) as e:
+            first.close()
+            raise InferenceError("INVALID_ARG", str(e)) from None
+        except (StubCallError, StubGoneError, TimeoutError) as e:
+            first.close()
+            raise InferenceError("INTERNAL", f"failed to load '{name}': auto_complete_config failed: {e}") from None
+        except BaseException:
+            first.close()
+            raise
+        return cls._start(name, model_dir, cfg, specs, first)
+
+    @staticmethod
+    def _instance_specs(name: str, model_dir: ModelDir, cfg: ModelConfig, versions: Sequence[int],
+                        options: LoadOptions, python: str | None, env: dict[str, str]) -> list[InstanceSpec]:
+        config_dict = config_to_dict(cfg)
+        specs = []
+        for version in versions:
+            file = str(model_file(model_dir, version, cfg))
+            for group in cfg.instance_group:
+                kind = _KINDS.get(ModelInstanceGroup.Kind.Name(group.kind))
+                if kind is None:
+                    raise ConfigError(str(model_dir.config_path or model_dir.path),
+                                      f"instance group '{group.name}' asks for GPU instances, but no GPU "
+                                      "support is available", field="instance_group")
+                for index in range(group.count):
+                    specs.append(InstanceSpec(
+                        model_name=name, version=version, instance_name=f"{group.name}_{index}", kind=kind,
+                        device_id=0, model_file=file, model_dir=str(model_dir.path), config=config_dict,
+                        python=python, env=env, init_timeout_s=options.init_timeout_s,
+                        finalize_timeout_s=options.finalize_timeout_s, restart=options.restart))
+        return specs
+
+    @classmethod
+    def _start(cls, name: str, model_dir: ModelDir, cfg: ModelConfig, specs: list[InstanceSpec],
+               first: StubProcess) -> LoadedModel:
+        """Starts every stub at once (their interpreters boot in parallel), then initializes them."""
+        instances: list[ModelInstance] = []
+        try:
+            # The latest version's first instance reuses the stub that ran auto-complete.
+            first_index = max(range(len(specs)), key=lambda i: (specs[i].version, -i))
+            for i, spec in enumerate(specs):
+                instances.append(ModelInstance(spec, first if i == first_index else None))
+            first.instance_name = specs[first_index].instance_name
+            with ThreadPoolExecutor(max_workers=min(16, len(instances))) as pool:
+                errors = [f.exception() for f in [pool.submit(inst.initialize) for inst in instances]]
+            failed = next((e for e in errors if e is not None), None)
+            if failed is not None:
+                raise failed
+        except BaseException as e:
+            for inst in instances:
+                inst.stop()
+            if not instances:
+                first.close()
+            if isinstance(e, InferenceError):
+                raise
+            raise load_error(specs[0], e) from e
+        versions: dict[int, list[ModelInstance]] = {}
+        for inst in instances:
+            versions.setdefault(inst.spec.version, []).append(inst)
+        log.info("successfully loaded '%s' version(s) %s with %d instance(s)", name,
+                 ",".join(map(str, sorted(versions))), len(instances))
+        return cls(name, model_dir, cfg, versions)
+
+    # ---- serving ---------------------------------------------------------------------------------
+    def instances(self) -> list[ModelInstance]:
+        """Every instance of every version."""
+        return [inst for group in self.versions.values() for inst in group]
+
+    def ready(self, version: int | None = None) -> bool:
+        """True when the version (default: every loaded one) has a READY instance."""
+        groups = [self.versions.get(version, [])] if version is not None else list(self.versions.values())
+        return bool(groups) and all(any(i.probe_ready() for i in g) for g in groups)
+
+    def resolve_version(self, model_version: str | int) -> int:
+        """The loaded version a request names ("" or -1: the latest)."""
+        if model_version in ("", -1, "-1"):
+            return self.latest
+        try:
+            version = int(model_version)
+        except (TypeError, ValueError):
+            raise InferenceError("INVALID_ARG", f"invalid model version '{model_version}'") from None
+        if version not in self.versions:
+            raise InferenceError("NOT_FOUND", f"Request for unknown model: '{self.name}' version {version} is not "
+                                              "found")
+        return version
+
+    def infer(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, model_version: str | int,
+              parameters: str, request_id: str, timeout: float | None, correlation_id: int | str,
+              flags: int) -> dict[str, np.ndarray]:
+        """Validates, routes to the least busy READY instance, and returns the outputs."""
+        group = self.versions[self.resolve_version(model_version)]
+        tensors = self.checker.check_inputs(inputs, request_id)
+        requested = self.checker.check_outputs(outputs, request_id)
+        instance = group[0]
+        if len(group) > 1:
+            ready = [i for i in group if i.state is InstanceState.READY] or group
+            instance = min(ready, key=ModelInstance.load_count)
+        result = instance.execute(tensors, requested, request_id, parameters, correlation_id, flags, timeout)
+        return self.checker.check_result(result, request_id)
+
+    def check_health(self) -> None:
+        """One health-monitor pass over the instances."""
+        for inst in self.instances():
+            inst.check_health()
+
+    def stop(self) -> None:
+        """Finalizes and stops every instance (in parallel)."""
+        instances = self.instances()
+        if not instances:
+            return
+        with ThreadPoolExecutor(max_workers=min(16, len(instances))) as pool:
+            list(pool.map(ModelInstance.stop, instances))

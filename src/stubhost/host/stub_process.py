@@ -1,0 +1,172 @@
+"""One stub process and the shared memory it talks through: start, call, log, stop.
+
+Each stub gets a pool of its own, so a crashed or hostile stub can only damage its own memory,
+and a restart starts from a fresh pool. The stub's stdout and stderr come back through one pipe
+and are logged with the instance's name; ``pb_utils.Logger`` lines keep their level.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from typing import IO, Any
+
+from stubhost import _core
+from stubhost._core import Command, IPCControl, IPCMessage, MessageQueue, Pool
+from stubhost.protocol import REPLY_ERROR, REPLY_OK, REPLY_STUB_GONE, read_payload
+
+log = logging.getLogger("stubhost")
+
+LOG_MARKER = "\x1fSTUBLOG"  # must match stubhost.stub.runtime.LOG_MARKER
+QUEUE_CAPACITY = 1024
+_LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+
+
+class StubCallError(Exception):
+    """A command the stub answered with an error (its text is the model's traceback)."""
+
+
+class StubGoneError(Exception):
+    """The stub died (or was stopped) before answering."""
+
+
+class StubProcess:
+    """A started stub: its pool, control block, queues and process.
+
+    Thread safety: ``call`` and ``submit``/``finish`` may be used from any thread at once;
+    ``fail_inflight`` and ``kill`` are for the health monitor.
+    """
+
+    def __init__(self, instance_name: str, *, python: str | None = None, env: Mapping[str, str] | None = None,
+                 pool_size: int = 8 << 20, pool_growth: int = 32 << 20, pool_max: int = 8 << 30) -> None:
+        self.instance_name = instance_name
+        self.pool = Pool.create(initial_size=pool_size, growth_size=pool_growth, max_size=pool_max)
+        self.inflight: dict[int, IPCMessage] = {}
+        self.dead = False  # set once the stub is known to be gone; never cleared
+        try:
+            self.control = IPCControl.create(self.pool)
+            self.inbox = MessageQueue.create(self.pool, QUEUE_CAPACITY)
+            self.outbox = MessageQueue.create(self.pool, QUEUE_CAPACITY)
+            self.control.stub_message_queue = self.inbox.handle
+            self.control.parent_message_queue = self.outbox.handle
+            self.control.parent_pid = os.getpid()
+            self.control.set_health(stub=False, value=True)
+            spec = json.dumps({"pool": self.pool.name, "control": self.control.handle, "instance": instance_name})
+            self.process = subprocess.Popen(
+                [python or sys.executable, "-m", "stubhost.stub", spec],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None, close_fds=True,
+                start_new_session=True)  # a terminal's Ctrl-C is for the server, which stops its stubs
+        except BaseException:
+            self.pool.close()
+            raise
+        self._pump = threading.Thread(target=self._pump_logs, args=(self.process.stdout,),
+                                      name=f"stubhost-log-{instance_name}", daemon=True)
+        self._pump.start()
+
+    # ---- logging ---------------------------------------------------------------------------------
+    def _pump_logs(self, stream: IO[bytes] | None) -> None:
+        if stream is None:
+            return
+        with stream:
+            for raw in stream:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                if line.startswith(LOG_MARKER):
+                    parts = line.split("\t", 3)
+                    if len(parts) == 4:
+                        level = _LOG_LEVELS.get(int(parts[1]) if parts[1].isdigit() else 0, logging.INFO)
+                        text = parts[3].replace("\\n", "\n").replace("\\\\", "\\")
+                        log.log(level, "%s] %s: %s", parts[2], self.instance_name, text)
+                        continue
+                log.info("%s: %s", self.instance_name, line)
+
+    # ---- state -----------------------------------------------------------------------------------
+    @property
+    def pid(self) -> int:
+        """The stub's process id."""
+        return self.process.pid
+
+    def alive(self) -> bool:
+        """True while the stub process runs."""
+        return self.process.poll() is None
+
+    # ---- commands --------------------------------------------------------------------------------
+    def submit(self, command: Command, args: int, timeout: float | None) -> IPCMessage:
+        """Sends one inline-reply command; the caller waits on it and then calls ``finish``."""
+        message = IPCMessage.create(self.pool, command, args=args, inline_reply=True)
+        self.inflight[message.handle] = message
+        # SYNC with fail_inflight(): it sets `dead` before it walks `inflight`, so a message either
+        # is in the walk or sees the flag here (both under the GIL).
+        if self.dead:
+            self.fail_message(message)
+        elif not self.inbox.push(message.handle, timeout=timeout):
+            self.inflight.pop(message.handle, None)
+            message.release()
+            message.release()  # never delivered: the stub's reference is ours to drop
+            raise TimeoutError(f"the queue of stub '{self.instance_name}' stayed full")
+        return message
+
+    def finish(self, message: IPCMessage) -> tuple[int, int]:
+        """(status, reply_args) of an answered message, which is then released."""
+        self.inflight.pop(message.handle, None)
+        status, reply = message.reply_status, message.reply_args
+        message.release()
+        return status, reply
+
+    def call(self, command: Command, args: int, timeout: float | None) -> Any:
+        """Sends a control command and returns its JSON payload (None when it has none).
+
+        Raises StubCallError with the stub's text, StubGoneError if it died, TimeoutError.
+        """
+        try:
+            message = self.submit(command, args, timeout)
+        except BaseException:
+            if args:
+                self.pool.free(args)
+            raise
+        if not message.wait_reply(timeout):
+            raise TimeoutError(f"stub '{self.instance_name}' did not answer {command.name} within {timeout} s")
+        status, reply = self.finish(message)
+        if status == REPLY_STUB_GONE:
+            raise StubGoneError(f"stub '{self.instance_name}' exited with code {self.process.poll()}")
+        payload = read_payload(self.pool, reply) if reply else None
+        if status == REPLY_ERROR:
+            raise StubCallError(payload.get("message", "") if isinstance(payload, dict) else str(payload))
+        if status != REPLY_OK:
+            raise StubCallError(f"stub '{self.instance_name}' answered with unknown status {status}")
+        return payload
+
+    def fail_message(self, message: IPCMessage) -> None:
+        """Answers a message for a stub that can no longer do so."""
+        try:
+            message.reply(REPLY_STUB_GONE, 0)
+        except _core.CoreError:
+            pass  # the stub answered it after all
+
+    def fail_inflight(self) -> None:
+        """Wakes every caller still waiting on this stub (it died or is being replaced)."""
+        self.dead = True
+        for message in list(self.inflight.values()):
+            self.fail_message(message)
+
+    # ---- stopping --------------------------------------------------------------------------------
+    def kill(self) -> None:
+        """Kills the stub at once and fails what it had in flight."""
+        if self.alive():
+            self.process.kill()
+        self.process.wait()
+        self.fail_inflight()
+
+    def close(self) -> None:
+        """Kills the stub if it still runs and removes the pool's segments.
+
+        Views handed out earlier stay valid: the mapping lives until its last user goes.
+        """
+        self.kill()
+        self._pump.join(timeout=1.0)
+        self.pool.close()

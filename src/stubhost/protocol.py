@@ -1,0 +1,64 @@
+"""The parent/stub protocol above the IPC core: what each command carries and how replies read.
+
+Both sides import this module; it knows records and messages, not models or servers.
+
+Every command is an inline-reply ``IPCMessage`` pushed on the stub's queue:
+
+==================  ======================================  =====================================
+command             args                                    reply (status, reply_args)
+==================  ======================================  =====================================
+AUTO_COMPLETE       PAYLOAD record: JSON {model, config}    OK + PAYLOAD: JSON config
+INITIALIZE          PAYLOAD record: JSON {model, args}      OK + 0
+EXECUTE             first REQUEST record of a chain         OK + first RESPONSE record of a chain
+FINALIZE            0                                       OK + 0; then the stub exits
+==================  ======================================  =====================================
+
+A failed command replies ``REPLY_ERROR`` with a PAYLOAD record holding the error text. The parent
+itself replies ``REPLY_STUB_GONE`` to messages a dead stub can no longer answer.
+
+Request records: ints ``(flags, correlation_id, timeout_us)``; strings
+``[request_id, parameters_json, correlation_id_text, *requested_output_names]``; tensors = inputs.
+Response records: status 0 or ``1 + TritonError code``; strings ``[error_message, parameters_json]``;
+tensors = outputs. Requests own nothing of the stub's; response records belong to the parent once
+replied, which frees them when the last numpy view of their outputs goes away.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from stubhost import _core
+from stubhost._core import Pool, RecordKind
+
+REPLY_OK = 0
+REPLY_ERROR = 1
+REPLY_STUB_GONE = 2
+
+REQUEST_FIXED_STRINGS = 3  # request_id, parameters, correlation id text; then requested outputs
+MAX_BATCH_RECORDS = 1 << 16  # bounds a chain walk, so a corrupt chain cannot loop forever
+
+# TRITONSERVER_Error_Code, as pb_utils.TritonError exposes them.
+ERROR_CODE_NAMES = ("UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED",
+                    "ALREADY_EXISTS", "CANCELLED")
+
+
+def error_code_name(code: int) -> str:
+    """Name of a TRITONSERVER error code ("UNKNOWN" for a value outside the enum)."""
+    return ERROR_CODE_NAMES[code] if 0 <= code < len(ERROR_CODE_NAMES) else "UNKNOWN"
+
+
+def write_payload(pool: Pool, value: Any) -> int:
+    """Writes a JSON payload record (used off the execute path only)."""
+    return _core.write_record(pool, int(RecordKind.PAYLOAD), strings=(json.dumps(value),))
+
+
+def read_payload(pool: Pool, handle: int) -> Any:
+    """Reads and frees a JSON payload record."""
+    try:
+        _, _, _, _, strings, _ = _core.read_record(pool, handle)
+        if not strings:
+            raise _core.FormatError("payload record holds no text")
+        return json.loads(strings[0])
+    finally:
+        pool.free(handle)

@@ -1,0 +1,207 @@
+"""The stub's command loop: attach, then Initialize -> Execute* -> Finalize, and exit.
+
+The loop waits on the stub queue with the GIL released. A watchdog thread ends the stub within a
+fraction of a second when the parent dies, unlinking the parent's segments so that nothing is
+left in /dev/shm even after a SIGKILL of the parent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import traceback
+from types import ModuleType
+from typing import Any
+
+from stubhost import _core
+from stubhost._core import Command, IPCControl, IPCMessage, MessageQueue, Pool
+from stubhost.backend_utils import helpers as pb_helpers
+from stubhost.backend_utils.logger import LogLevel, set_log_sink
+from stubhost.backend_utils.model_config import ModelConfig
+from stubhost.backend_utils.response import InferenceResponse
+from stubhost.protocol import REPLY_ERROR, REPLY_OK, read_payload, write_payload
+from stubhost.stub import codec
+from stubhost.stub.loader import load_model_module
+
+LOG_MARKER = "\x1fSTUBLOG"  # a Logger line on the stub's stderr, parsed by the parent
+WATCHDOG_PERIOD_S = 0.1
+
+
+def format_exception(e: BaseException) -> str:
+    """``Type: message`` and the frames, innermost first, as Triton's Python backend words them."""
+    lines = [f"{type(e).__name__}: {e}", "", "At:"]
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        lines.append(f"  {frame.filename}({frame.lineno}): {frame.name}")
+    return "\n".join(lines) + "\n"
+
+
+def _log_to_parent(message: str, level: LogLevel, filename: str, line: int) -> None:
+    text = message.replace("\\", "\\\\").replace("\n", "\\n")
+    os.write(2, f"{LOG_MARKER}\t{int(level)}\t{filename}:{line}\t{text}\n".encode("utf-8", "replace"))
+
+
+class StubRuntime:
+    """One model instance: its pool, its control block, its model object."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.pool = Pool.attach(spec["pool"])
+        self.control = IPCControl.attach(self.pool, spec["control"])
+        self.inbox = MessageQueue.attach(self.pool, self.control.stub_message_queue)
+        self.instance_name: str = spec.get("instance", "")
+        self.parent_pid = int(self.control.parent_pid)
+        self.initial_ppid = os.getppid()
+        self.module: ModuleType | None = None
+        self.model: Any = None
+        self.model_name = ""
+        self.model_version = 0
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def parent_alive(self) -> bool:
+        """False once the parent process is gone (reparented, or no such pid)."""
+        if os.getppid() != self.initial_ppid:
+            return False
+        try:
+            os.kill(self.parent_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+    def watch_parent(self) -> None:
+        """Watchdog thread: an orphaned stub removes its parent's segments and exits at once."""
+        stop = threading.Event()
+        while not stop.wait(WATCHDOG_PERIOD_S):
+            if not self.parent_alive():
+                self.pool.unlink()
+                os._exit(1)
+
+    def run(self) -> int:
+        """Serves commands until Finalize or Shutdown; returns the exit code."""
+        set_log_sink(_log_to_parent)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when a stub stops
+        self.control.stub_pid = os.getpid()
+        self.control.set_health(stub=True, value=True)
+        threading.Thread(target=self.watch_parent, name="stubhost-watchdog", daemon=True).start()
+        handlers = {
+            Command.EXECUTE_REQUEST: self.on_execute,
+            Command.INITIALIZE_REQUEST: self.on_initialize,
+            Command.AUTO_COMPLETE_REQUEST: self.on_auto_complete,
+            Command.FINALIZE_REQUEST: self.on_finalize,
+            Command.PING: self.on_ping,
+        }
+        while True:
+            handle = self.inbox.pop(timeout=1.0)
+            if handle is None:
+                continue
+            message = IPCMessage.attach(self.pool, handle)
+            command = message.command
+            if command == Command.SHUTDOWN:
+                message.release()
+                return 0
+            handler = handlers.get(command)
+            try:
+                if handler is None:
+                    raise _core.FormatError(f"the stub does not handle {command.name}")
+                handler(message)
+            except Exception as e:  # the command failed: the parent gets the reason, the stub goes on
+                self.reply_error(message, format_exception(e))
+            message.release()
+            if command == Command.FINALIZE_REQUEST:
+                self.control.set_health(stub=True, value=False)
+                return 0
+
+    def reply_error(self, message: IPCMessage, text: str) -> None:
+        """Answers `message` with an error payload."""
+        try:
+            message.reply(REPLY_ERROR, write_payload(self.pool, {"message": text}))
+        except _core.CoreError:
+            pass  # already answered (or the parent gave up on it): nothing left to tell
+
+    # ---- commands --------------------------------------------------------------------------------
+    def load(self, payload: dict[str, Any]) -> ModuleType:
+        """Imports the model file once (auto-complete and initialize share the module)."""
+        if self.module is None:
+            pb_helpers.set_model_dir(payload["model_dir"])
+            self.module = load_model_module(payload["model_file"])
+            if not hasattr(self.module, "TritonPythonModel"):
+                raise AttributeError(f"'{payload['model_file']}' does not define class TritonPythonModel")
+        return self.module
+
+    def on_auto_complete(self, message: IPCMessage) -> None:
+        payload = read_payload(self.pool, message.args)
+        model_class = self.load(payload).TritonPythonModel
+        config = payload["config"]
+        if hasattr(model_class, "auto_complete_config"):
+            completed = model_class.auto_complete_config(ModelConfig(json.dumps(config)))
+            if not isinstance(completed, ModelConfig):
+                raise TypeError("auto_complete_config must return the ModelConfig object it was given, "
+                                f"got {type(completed).__name__}")
+            config = completed.as_dict()
+        message.reply(REPLY_OK, write_payload(self.pool, {"config": config}))
+
+    def on_initialize(self, message: IPCMessage) -> None:
+        payload = read_payload(self.pool, message.args)
+        module = self.load(payload)
+        args: dict[str, str] = payload["args"]
+        self.model_name = args["model_name"]
+        self.instance_name = args["model_instance_name"]
+        self.model_version = int(args["model_version"])
+        model = module.TritonPythonModel()
+        if not callable(getattr(model, "execute", None)):
+            raise AttributeError("TritonPythonModel must define an 'execute' method")
+        if hasattr(model, "initialize"):
+            model.initialize(args)
+        self.model = model
+        has_is_ready = callable(getattr(model, "is_ready", None))
+        message.reply(REPLY_OK, write_payload(self.pool, {"is_ready": has_is_ready}))
+
+    def on_ping(self, message: IPCMessage) -> None:
+        """A readiness probe: the model's optional ``is_ready()``, which must return True."""
+        is_ready = getattr(self.model, "is_ready", None)
+        ready = self.model is not None and (not callable(is_ready) or is_ready() is True)
+        message.reply(REPLY_OK, write_payload(self.pool, {"ready": ready}))
+
+    def on_execute(self, message: IPCMessage) -> None:
+        requests = codec.read_requests(self.pool, message.args, self.model_name, self.model_version)
+        try:
+            result = self.model.execute(requests)
+            responses = self.check_responses(result, len(requests))
+        except Exception as e:
+            text = f"Failed to process the request(s) for model instance '{self.instance_name}', message: "
+            first = codec.write_errors(self.pool, len(requests), text + format_exception(e))
+        else:
+            first = codec.write_responses(self.pool, requests, responses)
+        message.reply(REPLY_OK, first)
+
+    @staticmethod
+    def check_responses(result: Any, expected: int) -> list[InferenceResponse]:
+        """Raises with Triton's wording unless `result` is a list of `expected` responses."""
+        if not isinstance(result, list):
+            raise TypeError(f"Expected a list in the execute return, found type '{type(result)}'.")
+        if len(result) != expected:
+            raise ValueError("Number of InferenceResponse objects do not match the number of InferenceRequest "
+                             f"objects. InferenceRequest(s) size is:{expected}, and InferenceResponse(s) size "
+                             f"is:{len(result)}")
+        for item in result:
+            if not isinstance(item, InferenceResponse):
+                raise TypeError("Expected an 'InferenceResponse' object in the execute function return list, "
+                                f"found type '{type(item)}'.")
+        return result
+
+    def on_finalize(self, message: IPCMessage) -> None:
+        if self.model is not None and hasattr(self.model, "finalize"):
+            self.model.finalize()
+        message.reply(REPLY_OK, 0)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m stubhost.stub SPEC_JSON``: one structured argument, never positional fields."""
+    if len(argv) != 1:
+        print("usage: python -m stubhost.stub SPEC_JSON (started by the stubhost parent)", file=sys.stderr)
+        return 2
+    runtime = StubRuntime(json.loads(argv[0]))
+    return runtime.run()
