@@ -118,6 +118,8 @@ class ModelInstance:
         self._crashes: deque[float] = deque()
         self.restarts = 0
         self.has_is_ready = False
+        self._restarter: threading.Thread | None = None
+        self._starting: StubProcess | None = None
         self.process = process if process is not None else StubProcess(spec.instance_name, python=spec.python,
                                                                          env=spec.env)
 
@@ -151,58 +153,82 @@ class ModelInstance:
             if self.state is not InstanceState.READY or self.process.alive():
                 return
             self._ready.clear()
-            code = self.process.process.poll()
-            log.error("Stub process '%s' is not healthy (exit code %s).", self.name, code)
+            log.error("Stub process '%s' is not healthy (exit code %s).", self.name, self.process.process.poll())
             self.process.fail_inflight()
-            now = time.monotonic()
-            self._crashes.append(now)
-            while self._crashes and now - self._crashes[0] > self.spec.restart.window_s:
-                self._crashes.popleft()
-            policy = self.spec.restart
-            if not policy.enabled or len(self._crashes) > policy.max_restarts:
-                self.state = InstanceState.FAILED
-                self._ready.set()  # wake waiters: they fail fast now
-                log.error("Instance '%s' stays down after %d crash(es) in %.0f s.", self.name, len(self._crashes),
-                          policy.window_s)
+            delay = self._next_restart_delay()
+            if delay is None:
                 return
             self.state = InstanceState.RESTARTING
-            delay = min(policy.backoff_s * 2 ** (len(self._crashes) - 1), policy.max_backoff_s)
-        threading.Thread(target=self._restart, args=(delay,), name=f"stubhost-restart-{self.name}",
-                         daemon=True).start()
+            self._restarter = threading.Thread(target=self._restart, args=(delay,),
+                                               name=f"stubhost-restart-{self.name}", daemon=True)
+            self._restarter.start()
 
-    def _restart(self, delay: float) -> None:
-        time.sleep(delay)
-        old = self.process
-        old.close()
-        try:
-            process = StubProcess(self.name, python=self.spec.python, env=self.spec.env)
-            self.has_is_ready = initialize_stub(process, self.spec)
-        except Exception as e:
-            log.error("Restart of instance '%s' failed: %s", self.name, e)
-            with self._lock:
-                self.state = InstanceState.FAILED
-                self._ready.set()
-            return
-        with self._lock:
-            if self.state is not InstanceState.RESTARTING:  # stopped meanwhile
-                process.close()
+    def _next_restart_delay(self) -> float | None:
+        """Records a crash; the backoff before the next start, or None (and FAILED) when the
+        restart budget is spent. Called with the lock held."""
+        now = time.monotonic()
+        self._crashes.append(now)
+        policy = self.spec.restart
+        while self._crashes and now - self._crashes[0] > policy.window_s:
+            self._crashes.popleft()
+        if not policy.enabled or len(self._crashes) > policy.max_restarts:
+            self.state = InstanceState.FAILED
+            self._ready.set()  # wake waiters: they fail fast now
+            log.error("Instance '%s' stays down after %d crash(es) in %.0f s.", self.name, len(self._crashes),
+                      policy.window_s)
+            return None
+        return min(policy.backoff_s * 2 ** (len(self._crashes) - 1), policy.max_backoff_s)
+
+    def _restart(self, delay: float | None) -> None:
+        self.process.close()
+        while delay is not None:
+            time.sleep(delay)
+            if self.state is not InstanceState.RESTARTING:
                 return
-            self.process = process
-            self.restarts += 1
-            self.state = InstanceState.READY
-            self._ready.set()
-        log.info("Instance '%s' restarted (pid %d).", self.name, process.pid)
+            try:
+                process = StubProcess(self.name, python=self.spec.python, env=self.spec.env)
+                self._starting = process  # stop() kills it, so a hanging initialize cannot hold stop up
+                if self.state is not InstanceState.RESTARTING:
+                    process.kill()
+                has_is_ready = initialize_stub(process, self.spec)  # closes the process on failure
+            except Exception as e:
+                log.error("Restart of instance '%s' failed: %s", self.name, e)
+                with self._lock:
+                    if self.state is not InstanceState.RESTARTING:
+                        return
+                    delay = self._next_restart_delay()
+                continue
+            finally:
+                self._starting = None
+            with self._lock:
+                if self.state is not InstanceState.RESTARTING:  # stopped meanwhile
+                    process.close()
+                    return
+                self.process = process
+                self.has_is_ready = has_is_ready
+                self.restarts += 1
+                self.state = InstanceState.READY
+                self._ready.set()
+            log.info("Instance '%s' restarted (pid %d).", self.name, process.pid)
+            return
 
     def mark_hung(self) -> None:
         """A request outlived its timeout inside the stub: replace the stub."""
         log.error("Stub process '%s' did not answer in time; replacing it.", self.name)
-        self.process.kill()  # the monitor sees it dead and restarts it
+        self.process.kill()
+        self.check_health()  # now, not at the monitor's next pass: the next caller waits for the new stub
 
     def stop(self) -> None:
         """Finalizes the model (if READY) and stops the stub; idempotent."""
         with self._lock:
             state, self.state = self.state, InstanceState.STOPPED
             self._ready.set()
+            restarter = self._restarter
+        starting = self._starting
+        if starting is not None:
+            starting.kill()
+        if restarter is not None and restarter is not threading.current_thread():
+            restarter.join()  # it sees STOPPED and closes what it started: nothing outlives stop()
         process = self.process
         if state is InstanceState.READY and process.alive():
             try:
@@ -251,6 +277,7 @@ class ModelInstance:
         status, reply = process.finish(message)
         if status == REPLY_STUB_GONE:
             # The stub may have died while reading the record; its pool is discarded with it.
+            self.check_health()
             raise InferenceError("INTERNAL", f"Stub process '{self.name}' is not healthy.")
         pool.free(record)
         if status == REPLY_ERROR:

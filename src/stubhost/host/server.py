@@ -206,7 +206,12 @@ class Server:
         model = self._models.get(name)
         if model is None:
             model = self._model(name)
-        params = json.dumps(dict(parameters)) if parameters else "{}"
+        if not isinstance(inputs, Mapping):
+            raise InferenceError("INVALID_ARG", f"inputs must map input names to arrays, got {type(inputs).__name__}")
+        try:
+            params = json.dumps(dict(parameters)) if parameters else "{}"
+        except (TypeError, ValueError) as e:
+            raise InferenceError("INVALID_ARG", f"parameters must be a JSON-serializable mapping: {e}") from None
         return model.infer(inputs, outputs, model_version, params, request_id, timeout, correlation_id, flags)
 
     async def infer_async(self, name: str, inputs: Mapping[str, Any], **kwargs: Any) -> dict[str, np.ndarray]:
