@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
+from stubhost.backend_utils.parameters import parameters_json
 from stubhost.backend_utils.tensor import Tensor
 
 
@@ -28,12 +28,7 @@ class InferenceRequest:
         self._correlation_id = correlation_id
         self._flags = int(flags)
         self._timeout = int(timeout)
-        if parameters is None:
-            self._parameters = "{}"
-        elif isinstance(parameters, str):
-            self._parameters = parameters
-        else:
-            self._parameters = json.dumps(parameters)
+        self._parameters = parameters_json(parameters)
         self._model_name = str(model_name)
         self._model_version = int(model_version)
 

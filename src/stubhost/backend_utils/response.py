@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from stubhost.backend_utils.errors import TritonError
+from stubhost.backend_utils.parameters import parameters_json
 from stubhost.backend_utils.tensor import Tensor
 
 
@@ -25,12 +25,7 @@ class InferenceResponse:
             raise TypeError(f"error must be a pb_utils.TritonError, got {type(error).__name__}")
         self._output_tensors = tensors
         self._error = error
-        if parameters is None:
-            self._parameters = "{}"
-        elif isinstance(parameters, str):
-            self._parameters = parameters
-        else:
-            self._parameters = json.dumps(parameters)
+        self._parameters = parameters_json(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         """The output tensors."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Iterable, Sequence
 
 from stubhost import _core
 from stubhost._core import Pool, RecordKind
@@ -56,27 +57,26 @@ def write_response(pool: Pool, request: InferenceRequest, response: InferenceRes
                            next_handle=next_handle)
 
 
-def write_responses(pool: Pool, requests: Sequence[InferenceRequest], responses: Sequence[InferenceResponse]) -> int:
-    """Writes one record per request, chained in request order; returns the first handle."""
+def _chain(pool: Pool, writers: Iterable[Callable[[int], int]]) -> int:
+    """Runs each writer with the handle of the record written before it (so the last writer's
+    record comes first in the chain); frees what was written if one fails."""
     handle = 0
     try:
-        for request, response in zip(reversed(requests), reversed(responses)):
-            handle = write_response(pool, request, response, handle)
+        for write in writers:
+            handle = write(handle)
     except BaseException:
         if handle:
             _core.free_record_chain(pool, handle)
         raise
     return handle
+
+
+def write_responses(pool: Pool, requests: Sequence[InferenceRequest], responses: Sequence[InferenceResponse]) -> int:
+    """Writes one record per request, chained in request order; returns the first handle."""
+    return _chain(pool, (functools.partial(write_response, pool, request, response)
+                         for request, response in zip(reversed(requests), reversed(responses))))
 
 
 def write_errors(pool: Pool, count: int, message: str, code: int = _INTERNAL) -> int:
     """`count` chained records that all fail with the same message (a failed execute)."""
-    handle = 0
-    try:
-        for _ in range(count):
-            handle = write_error(pool, message, code, handle)
-    except BaseException:
-        if handle:
-            _core.free_record_chain(pool, handle)
-        raise
-    return handle
+    return _chain(pool, (functools.partial(write_error, pool, message, code) for _ in range(count)))
