@@ -19,18 +19,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import gc
 import mmap
-import multiprocessing as mp
 import os
-import platform
-import resource
-import signal
 import sys
 import time
 import traceback
 from multiprocessing import reduction
+from pathlib import Path
 
 import numpy as np
 
@@ -38,7 +33,10 @@ from stubhost import _core
 from stubhost._core import MessageQueue, Pool
 from stubhost.tensor import SharedTensor
 
-CTX = mp.get_context("spawn")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py, when run as a script
+from _common import (CTX, child_process, child_setup, cpu_seconds, fmt,  # noqa: E402
+                     machine_facts, measured, summarize_runs, time_series)
+
 PREFIX = "bench_stubhost"     # /dev/shm/bench_stubhost_*: not matched by the tests' stubhost* checks
 MSG, BIG = 64, 64 << 20       # round-trip payload and bulk tensor, bytes
 PAGE_ELEMS = 4096 // 4        # float32 elements per 4 KiB page
@@ -46,19 +44,12 @@ STOP, READY, BAD = 0, 1, 2    # queue values that are never pool handles (handle
 DISTURBED = 0.05              # a run is disturbed if other processes used this many cores meanwhile
 WAIT = 30.0                   # seconds before a blocked parent gives up
 PAYLOADS = [bytes([i]) + bytes(range(1, MSG)) for i in range(256)]
-RTT = ["rtt stubhost (spin 20us)", "rtt stubhost (spin off)", "rtt mp.Pipe", "rtt bare eventfd+shm"]
+RTT = ["rtt stubhost (default spin)", "rtt stubhost (spin off)", "rtt mp.Pipe", "rtt bare eventfd+shm"]
 BULK = ["64MiB stubhost handoff", "64MiB memcpy (np.copyto)", "64MiB stubhost, already in pool",
         "64MiB pickle over mp.Pipe", "64MiB pool growth (once/run)"]
 
 
 # ---- process plumbing -------------------------------------------------------------------------
-def _child_setup() -> None:
-    """Dies with its parent (PR_SET_PDEATHSIG), and turns off the GC, in every spawned process."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-    gc.disable()
-
-
 class PassFd:
     """An fd that survives spawn: pickled during Process.start(), it joins the fds passed to the child."""
 
@@ -73,20 +64,6 @@ def _rebuild_fd(dup) -> int:
     return dup.detach()
 
 
-@contextlib.contextmanager
-def child_process(target, *args):
-    """Starts a spawned child; on exit waits for it briefly, then kills it."""
-    proc = CTX.Process(target=target, args=args, daemon=True)
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.join(5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
-
-
 def wait_ready(queue: MessageQueue, proc) -> None:
     """Waits for the READY a stubhost child pushes once attached; fails fast if the child died."""
     while (value := queue.pop(0.2)) is None:
@@ -96,31 +73,12 @@ def wait_ready(queue: MessageQueue, proc) -> None:
         raise RuntimeError(f"child sent {value} instead of READY")
 
 
-def time_series(step, iterations: int, warmup_s: float, max_s: float, warmup_n: int = 1) -> np.ndarray:
-    """Calls step(i) untimed for warmup_s (and >= warmup_n times), then times up to `iterations`
-    calls one by one, stopping after max_s; returns nanoseconds."""
-    i, end = 0, time.perf_counter() + warmup_s
-    while i < warmup_n or time.perf_counter() < end:
-        step(i)
-        i += 1
-    clock, out = time.perf_counter_ns, []
-    deadline = clock() + int(max_s * 1e9)
-    for k in range(i, i + iterations):
-        t0 = clock()
-        step(k)
-        t1 = clock()
-        out.append(t1 - t0)
-        if t1 > deadline:
-            break
-    return np.asarray(out, dtype=np.int64)
-
-
 # ---- 1. round trip of 64 bytes ----------------------------------------------------------------
 def _child_stubhost(pool_name: str, qa_handle: int, qb_handle: int, spin_off: bool, expect=None) -> None:
     """Echo child of both stubhost cases. Round trip (expect None): view the handle's 64 bytes (a new
     view per message), bump byte 0, push the handle back. Bulk: view the tensor as numpy without a
     copy, touch it, ack with the handle (BAD if the data is wrong)."""
-    _child_setup()
+    child_setup()
     if spin_off:
         _core.set_spin_budget(0)
     with Pool.attach(pool_name) as pool:
@@ -168,7 +126,7 @@ def drive_stubhost_rtt(cfg: dict, report, spin_off: bool = False) -> dict:
 def _child_pipe(conn, expect=None) -> None:
     """Echo child of both mp.Pipe cases. Round trip (expect None): bump byte 0 and send the bytes
     back; b"" stops. Bulk: unpickle the array, touch it, ack b"k" (b"x" if wrong); None stops."""
-    _child_setup()
+    child_setup()
     if expect is None:
         while msg := conn.recv_bytes():
             b = bytearray(msg)
@@ -201,7 +159,7 @@ def drive_pipe_rtt(cfg: dict, report) -> dict:
 
 def _child_eventfd_rtt(efd_a: int, efd_b: int, memfd: int) -> None:
     """Echo: block on eventfd A, bump byte 0 of the shared page, signal eventfd B (2 on A = stop)."""
-    _child_setup()
+    child_setup()
     with mmap.mmap(memfd, mmap.PAGESIZE) as mm:
         while os.eventfd_read(efd_a) == 1:
             mm[0] = (mm[0] + 1) & 0xFF
@@ -311,7 +269,7 @@ DRIVERS = {"stubhost_rtt": drive_stubhost_rtt,
 
 def _driver_main(conn, name: str, cfg: dict) -> None:
     """A fresh driver process: runs one case; sends ('pool', name)s, then ('result', dict) or ('error', text)."""
-    _child_setup()
+    child_setup()
     try:
         conn.send(("result", DRIVERS[name](cfg, lambda pool: conn.send(("pool", pool)))))
     except BaseException:
@@ -349,15 +307,6 @@ def run_driver(name: str, cfg: dict, timeout: float = 120) -> dict:
                     os.unlink(os.path.join("/dev/shm", entry))
 
 
-def cpu_seconds() -> tuple[float, float]:
-    """(non-idle CPU seconds of the whole machine, CPU seconds of this process and its reaped descendants)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:9]]
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ((sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK"),
-            me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime)
-
-
 def wait_quiet(max_s: float, window: float = 0.25) -> None:
     """Waits (at most max_s) for a `window` in which the machine used under 10% of a core."""
     end = time.monotonic() + max_s
@@ -368,18 +317,6 @@ def wait_quiet(max_s: float, window: float = 0.25) -> None:
             return
 
 
-def measured_run(name: str, cfg: dict) -> tuple[dict, float]:
-    """Runs one driver; returns its result and how many cores other processes used meanwhile."""
-    t0, (busy0, own0) = time.monotonic(), cpu_seconds()
-    result = run_driver(name, cfg)
-    busy1, own1 = cpu_seconds()
-    return result, max(0.0, (busy1 - busy0) - (own1 - own0)) / (time.monotonic() - t0)
-
-
-def fmt(us: float) -> str:
-    return f"{us:.2f}" if us < 100 else f"{us:.0f}"
-
-
 def print_table(results: dict) -> dict:
     """Prints case | median | p99 | runs | n/run | per-run medians; returns case -> per-run medians (us)."""
     print(f"\n{'case':<33}| {'median us':>10} | {'p99 us':>10} | runs | {'n/run':>6} | per-run medians (us)")
@@ -388,11 +325,8 @@ def print_table(results: dict) -> dict:
     for case in RTT + BULK:
         runs = results.get(case, [])
         if runs:
-            medians[case] = [float(np.median(s)) / 1e3 for s, _ in runs]
-            p99 = float(np.median([np.percentile(s, 99) for s, _ in runs])) / 1e3
-            per_run = " / ".join(fmt(m) + ("*" if bad else "") for m, (_, bad) in zip(medians[case], runs))
-            print(f"{case:<33}| {fmt(float(np.median(medians[case]))):>10} | {fmt(p99):>10} | {len(runs):>4} | "
-                  f"{min(len(s) for s, _ in runs):>6} | {per_run}")
+            medians[case], median, p99, n, per_run = summarize_runs(runs, 1e3)
+            print(f"{case:<33}| {fmt(median):>10} | {fmt(p99):>10} | {len(runs):>4} | {n:>6} | {per_run}")
     print("median, p99: median over runs of each run's figure (p99 of a few bulk samples is about the max)\n"
           f"* = other processes used >= {DISTURBED:.0%} of a core during that run (after a retry)")
     return medians
@@ -416,16 +350,6 @@ def print_ratios(medians: dict) -> bool:
             print(f"ratio {label} = {ratio:.2f}  ({'information' if bar is None else f'bar <= {bar}'})  "
                   f"{verdict}   [per run: {per_run}]")
     return all_ok
-
-
-def machine_facts() -> None:
-    """Prints what the figures depend on."""
-    with open("/proc/cpuinfo") as f:
-        model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
-    print(f"nproc {os.cpu_count()} (usable {len(os.sched_getaffinity(0))}), cpu {model}, "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"python {platform.python_version()} ({sys.executable}), numpy {np.__version__}, {platform.platform()}")
-    print(f"stubhost default spin budget {_core.spin_budget() * 1e6:.0f} us; no CPU pinning; spawn context")
 
 
 def parse_args() -> argparse.Namespace:
@@ -456,6 +380,7 @@ def main() -> int:
            "pickle_iterations": max(3, args.bulk_iterations // 4)}
     names = [n for n in DRIVERS if args.only is None or args.only in n]
     machine_facts()
+    print(f"stubhost default spin budget {_core.spin_budget() * 1e6:.0f} us; no CPU pinning; spawn context")
     print(f"runs {args.runs}; per run: round trips {cfg['iterations']} (<= {cfg['max_s']} s), 64 MiB handoffs "
           f"{cfg['bulk_iterations']}, pickles {cfg['pickle_iterations']}; quiet-wait {args.quiet_wait} s, "
           f"retries {args.retries}")
@@ -466,7 +391,7 @@ def main() -> int:
                 for attempt in range(args.retries + 1):
                     early = time.perf_counter() - started < 60
                     wait_quiet(args.quiet_wait if early else 0.0)
-                    result, others = measured_run(name, cfg)
+                    result, others = measured(run_driver, name, cfg)
                     if others < DISTURBED or not early:
                         break
                 for case, samples in result.items():

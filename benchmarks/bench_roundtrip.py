@@ -24,15 +24,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import gc
 import mmap
-import multiprocessing as mp
 import os
-import platform
-import resource
 import secrets
-import signal
 import sys
 import time
 import traceback
@@ -41,7 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
-CTX = mp.get_context("spawn")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py, when run as a script
+from _common import (CTX, child_process, child_setup, fmt, machine_facts,  # noqa: E402
+                     measured, summarize_runs, time_series)
+
 PREFIX = "bench_stubhost"      # /dev/shm/bench_stubhost_*: not matched by the tests' stubhost* checks
 DEFAULT_REPOSITORY = Path(__file__).resolve().parent.parent / "examples" / "models"
 MODEL = "add_sub"
@@ -69,62 +66,6 @@ class StubhostUnavailable(RuntimeError):
     """stubhost, or its in-process API stubhost.Server, cannot be used here."""
 
 
-# ---- process plumbing -------------------------------------------------------------------------
-def _child_setup() -> None:
-    """Dies with its parent (PR_SET_PDEATHSIG), and turns off the GC, in every spawned echo child."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-    gc.disable()
-
-
-@contextlib.contextmanager
-def child_process(target, *args):
-    """Starts a spawned child; on exit waits for it briefly, then kills it."""
-    proc = CTX.Process(target=target, args=args, daemon=True)
-    proc.start()
-    try:
-        yield proc
-    finally:
-        proc.join(5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
-
-
-@contextlib.contextmanager
-def gc_off():
-    """The GC off (after a collection) for a timed loop."""
-    gc.collect()
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
-def time_series(step, check, iterations: int, warmup_s: float, max_s: float) -> np.ndarray:
-    """Calls step(i) untimed for warmup_s (at least 10 times), then times up to `iterations` calls
-    one by one, stopping after max_s; check(i, result) runs outside the timed region. Nanoseconds."""
-    i, end = 0, time.perf_counter() + warmup_s
-    while i < 10 or time.perf_counter() < end:
-        check(i, step(i))
-        i += 1
-    clock, out = time.perf_counter_ns, []
-    deadline = clock() + int(max_s * 1e9)
-    with gc_off():
-        for k in range(i, i + iterations):
-            t0 = clock()
-            result = step(k)
-            t1 = clock()
-            out.append(t1 - t0)
-            check(k, result)
-            if t1 > deadline:
-                break
-    return np.asarray(out, dtype=np.int64)
-
-
 # ---- b. bare shared-memory ping-pong ----------------------------------------------------------
 def _page_views(mm: mmap.mmap):
     """(int64 slots, request payload, reply payload) views of the ping-pong page."""
@@ -135,7 +76,7 @@ def _page_views(mm: mmap.mmap):
 def _child_shm(path: str) -> None:
     """Echo child: busy-polls the sequence slot; on a new number copies the request payload out
     (numpy), copies it into the reply payload, then publishes the number in the ack slot."""
-    _child_setup()
+    child_setup()
     ppid = os.getppid()
     fd = os.open(path, os.O_RDWR)
     mm = mmap.mmap(fd, PAGE)
@@ -202,7 +143,8 @@ def measure_shm(cfg: dict) -> dict:
                         raise RuntimeError(f"ping-pong echo {i}: wrong payload {out}")
 
                 deadline = time.monotonic() + WAIT + cfg["warmup_s"] + cfg["max_s"]
-                return {"shm": time_series(step, check, cfg["iterations"], cfg["warmup_s"], cfg["max_s"])}
+                return {"shm": time_series(step, cfg["iterations"], cfg["warmup_s"], cfg["max_s"],
+                                           warmup_n=10, check=check, no_gc=True)}
             finally:
                 slots[SEQ] = STOP
                 del req, rep
@@ -216,7 +158,7 @@ def measure_shm(cfg: dict) -> dict:
 # ---- c. multiprocessing.Pipe ------------------------------------------------------------------
 def _child_pipe(conn) -> None:
     """Echo child: receive the payload, copy it into an array (numpy), send the array back; b"" stops."""
-    _child_setup()
+    child_setup()
     while msg := conn.recv_bytes():
         x = np.frombuffer(msg, np.float32).copy()
         conn.send_bytes(x)
@@ -237,7 +179,8 @@ def measure_pipe(cfg: dict) -> dict:
         with child_process(_child_pipe, theirs):
             theirs.close()
             try:
-                return {"pipe": time_series(step, check, cfg["iterations"], cfg["warmup_s"], cfg["max_s"])}
+                return {"pipe": time_series(step, cfg["iterations"], cfg["warmup_s"], cfg["max_s"],
+                                            warmup_n=10, check=check, no_gc=True)}
             finally:
                 with contextlib.suppress(OSError):
                     ours.send_bytes(b"")
@@ -295,7 +238,8 @@ def measure_stubhost(cfg: dict) -> dict:
             if not (np.array_equal(out["OUTPUT0"], a + INPUT1) and np.array_equal(out["OUTPUT1"], a - INPUT1)):
                 raise RuntimeError(f"stubhost infer {i}: wrong outputs {out}")
 
-        samples = time_series(step, check, cfg["iterations"], cfg["warmup_s"], cfg["max_s"])
+        samples = time_series(step, cfg["iterations"], cfg["warmup_s"], cfg["max_s"],
+                              warmup_n=10, check=check, no_gc=True)
     return {"infer": samples, "load1": np.asarray([load], dtype=np.int64)}
 
 
@@ -310,30 +254,6 @@ def measure_load_all(cfg: dict) -> dict:
 
 
 # ---- orchestration ----------------------------------------------------------------------------
-def cpu_seconds() -> tuple[float, float]:
-    """(non-idle CPU seconds of the whole machine, CPU seconds of this process and its reaped descendants)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:9]]
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ((sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK"),
-            me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime)
-
-
-def measured(fn, cfg: dict) -> tuple[dict, bool]:
-    """Runs one case; returns its result and whether other processes used >= DISTURBED of a core meanwhile."""
-    t0, (busy0, own0) = time.monotonic(), cpu_seconds()
-    result = fn(cfg)
-    busy1, own1 = cpu_seconds()
-    # /proc/stat counts in clock ticks: allow one tick per CPU of rounding before calling it disturbance
-    slack = os.cpu_count() / os.sysconf("SC_CLK_TCK")
-    others = max(0.0, (busy1 - busy0) - (own1 - own0) - slack) / max(1e-9, time.monotonic() - t0)
-    return result, others >= DISTURBED
-
-
-def fmt(x: float) -> str:
-    return f"{x:.2f}" if x < 100 else f"{x:.0f}"
-
-
 def print_table(results: dict, errors: dict) -> dict:
     """Prints case | unit | median | p99 | runs | n/run | per-run medians; returns case -> per-run medians."""
     print(f"\n{'case':<34}| unit | {'median':>9} | {'p99':>9} | runs | {'n/run':>6} | per-run medians")
@@ -347,11 +267,8 @@ def print_table(results: dict, errors: dict) -> dict:
         if not runs:
             print(f"{label:<34}| {unit:>4} | {'-':>9} | {'-':>9} |    0 |      - | {errors.get(key, 'not run')}")
             continue
-        medians[key] = [float(np.median(s)) / scale for s, _ in runs]
-        p99 = float(np.median([np.percentile(s, 99) for s, _ in runs])) / scale
-        per_run = " / ".join(fmt(m) + ("*" if bad else "") for m, (_, bad) in zip(medians[key], runs))
-        print(f"{label:<34}| {unit:>4} | {fmt(float(np.median(medians[key]))):>9} | {fmt(p99):>9} | "
-              f"{len(runs):>4} | {min(len(s) for s, _ in runs):>6} | {per_run}")
+        medians[key], median, p99, n, per_run = summarize_runs(runs, scale)
+        print(f"{label:<34}| {unit:>4} | {fmt(median):>9} | {fmt(p99):>9} | {len(runs):>4} | {n:>6} | {per_run}")
     print("median, p99: median over runs of each run's figure (load->READY: one sample per run, p99 = median)\n"
           f"* = other processes used >= {DISTURBED:.0%} of a core during that run")
     return medians
@@ -377,19 +294,6 @@ def print_ratios(medians: dict) -> bool | None:
             print(f"ratio {label} = {ratio:.2f}  (bar <= {bar})  {'PASS' if verdict_bar else 'FAIL'}   "
                   f"[per run: {per_run}]")
     return verdict_bar
-
-
-def machine_facts() -> None:
-    """Prints what the figures depend on."""
-    with open("/proc/cpuinfo") as f:
-        model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
-    usable = len(os.sched_getaffinity(0))
-    print(f"nproc {os.cpu_count()} (usable {usable}), cpu {model}, "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"python {platform.python_version()} ({sys.executable}), numpy {np.__version__}, {platform.platform()}")
-    if usable < 2:
-        print("WARNING: fewer than 2 usable CPUs: both sides of the busy-poll ping-pong spin, so its "
-              "figures are meaningless here")
 
 
 def leftovers() -> None:
@@ -438,7 +342,9 @@ def main() -> int:
     cases = [("shm", measure_shm), ("pipe", measure_pipe)]
     if not args.baselines_only:
         cases += [("infer", measure_stubhost), ("loadall", measure_load_all)]
-    machine_facts()
+    if machine_facts() < 2:
+        print("WARNING: fewer than 2 usable CPUs: both sides of the busy-poll ping-pong spin, so its "
+              "figures are meaningless here")
     print(f"runs {args.runs}; per run: round trips {cfg['iterations']} (<= {cfg['max_s']} s) per case; "
           f"repository {repo}")
 
@@ -458,7 +364,10 @@ def main() -> int:
     for run in range(args.runs):
         for name, fn in cases:
             try:
-                result, disturbed = measured(fn, cfg)
+                # /proc/stat counts in clock ticks: allow one tick per CPU of rounding before calling
+                # it disturbance
+                result, others = measured(fn, cfg, slack=os.cpu_count() / os.sysconf("SC_CLK_TCK"))
+                disturbed = others >= DISTURBED
                 for key, samples in result.items():
                     results.setdefault(key, []).append((samples, disturbed))
             except Exception as exc:  # a failed case is reported, the others still run
