@@ -1,8 +1,10 @@
 // Bindings of inference records: numpy arrays in, zero-copy numpy views out. No protocol logic here.
 #include <pybind11/numpy.h>
+#include <pybind11/gil_safe_call_once.h>
 #include <pybind11/native_enum.h>
 #include <pybind11/stl.h>
 
+#include <array>
 #include <cstring>
 
 #include "bindings/bindings.h"
@@ -116,7 +118,7 @@ void add_tensor(TensorInputs& in, const py::handle& item) {
       throw py::type_error("tensor '" + src.name + "' has " + std::to_string(arr.itemsize()) +
                            "-byte elements but is declared " + dtype_name(src.dtype));
     }
-    if (arr.dtype().attr("byteorder").cast<std::string>() == ">") {
+    if (arr.dtype().byteorder() == '>') {
       arr = arr.attr("astype")(arr.dtype().attr("newbyteorder")("<"));
     }
     arr = py::array::ensure(arr, py::array::c_style);
@@ -128,14 +130,33 @@ void add_tensor(TensorInputs& in, const py::handle& item) {
   in.sources.push_back(std::move(src));
 }
 
+/// numpy dtype objects per Triton dtype, built once: parsing a format string per view is costly.
+/// Stored the pybind11 way that never destroys them after the interpreter is gone.
+py::dtype numpy_dtype(DataType t) {
+  using Table = std::array<py::object, kMaxDataType + 1>;
+  PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<Table> storage;
+  const Table& table = storage
+                           .call_once_and_store_result([] {
+                             Table built;
+                             for (uint8_t i = 0; i <= kMaxDataType; ++i) {
+                               const auto dt = static_cast<DataType>(i);
+                               if (dt != DataType::kInvalid && dt != DataType::kBytes) {
+                                 built[i] = py::dtype(numpy_format(dt));
+                               }
+                             }
+                             return built;
+                           })
+                           .get_stored();
+  return py::reinterpret_borrow<py::dtype>(table[static_cast<uint8_t>(t)]);
+}
+
 py::array tensor_view(const std::shared_ptr<Pool>& pool, const TensorDesc& d, const py::object& base) {
   const uint8_t* data = pool->resolve(d.data_handle, d.byte_size);
   if (d.dtype == DataType::kBytes) {
     py::array flat = decode_bytes_array(data, d.byte_size, element_count(d.shape));
     return flat.attr("reshape")(py::cast(d.shape));
   }
-  return py::array(py::dtype(numpy_format(d.dtype)), std::vector<py::ssize_t>(d.shape.begin(), d.shape.end()), {},
-                   data, base);
+  return py::array(numpy_dtype(d.dtype), std::vector<py::ssize_t>(d.shape.begin(), d.shape.end()), {}, data, base);
 }
 
 }  // namespace

@@ -55,6 +55,8 @@ class RequestChecker:
         self.inputs = {s.name: s for s in map(_spec, config.get("input", []))}
         self.outputs = {s.name: s for s in map(_spec, config.get("output", []))}
         self.required = [s.name for s in self.inputs.values() if not s.optional]
+        # The last (dtype, shape) each input passed with: repeated requests of one shape skip the checks.
+        self._passed: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
 
     def _error(self, request_id: str, text: str) -> InferenceError:
         return InferenceError("INVALID_ARG", f"[request id: {request_id or '<id_unknown>'}] {text}")
@@ -68,6 +70,11 @@ class RequestChecker:
             if spec is None:
                 raise self._error(request_id, f"unexpected inference input '{name}' for model '{self.model_name}'")
             array = value if isinstance(value, np.ndarray) else np.asarray(value)
+            signature = (array.dtype, array.shape)
+            if self._passed.get(name) == signature and spec.reshape is None:
+                batch = self._batch(name, array.shape, batch, request_id)
+                tensors.append((name, array, spec.dtype))
+                continue
             if spec.dtype == _BYTES:
                 if array.dtype.kind not in _STRING_KINDS:
                     raise self._error(request_id, f"inference input '{name}' data-type is "
@@ -80,14 +87,7 @@ class RequestChecker:
             shape = array.shape
             dims = shape
             if self.max_batch_size > 0:
-                if not shape:
-                    raise self._error(request_id, f"input '{name}' for model '{self.model_name}' has no batch "
-                                                  "dimension")
-                if batch is None:
-                    batch = shape[0]
-                elif shape[0] != batch:
-                    raise self._error(request_id, f"input '{name}' batch size {shape[0]} does not match other "
-                                                  f"inputs' batch size {batch} for model '{self.model_name}'")
+                batch = self._batch(name, shape, batch, request_id)
                 dims = shape[1:]
             if len(dims) != len(spec.dims) or any(d != -1 and d != s for d, s in zip(spec.dims, dims)):
                 expected = ([-1] if self.max_batch_size > 0 else []) + list(spec.dims)
@@ -96,6 +96,8 @@ class RequestChecker:
                                               f"{_shape_text(shape)}. ")
             if spec.reshape is not None:
                 array = array.reshape(tuple(shape[:1] if self.max_batch_size > 0 else ()) + spec.reshape)
+            else:
+                self._passed[name] = signature
             tensors.append((name, array, spec.dtype))
         if batch is not None and batch > self.max_batch_size:
             raise self._error(request_id, f"inference request batch-size must be <= {self.max_batch_size} for "
@@ -106,6 +108,17 @@ class RequestChecker:
                                           f"model '{self.model_name}'. Got input(s) {sorted(inputs)}, but missing "
                                           f"required input(s) {missing}. Please provide all required input(s).")
         return tensors
+
+    def _batch(self, name: str, shape: tuple[int, ...], batch: int | None, request_id: str) -> int | None:
+        """The request's batch size so far, checked against this input's first dimension."""
+        if self.max_batch_size <= 0:
+            return batch
+        if not shape:
+            raise self._error(request_id, f"input '{name}' for model '{self.model_name}' has no batch dimension")
+        if batch is not None and shape[0] != batch:
+            raise self._error(request_id, f"input '{name}' batch size {shape[0]} does not match other inputs' "
+                                          f"batch size {batch} for model '{self.model_name}'")
+        return shape[0]
 
     def check_outputs(self, outputs: Sequence[str] | None, request_id: str) -> list[str]:
         """The requested output names, each one known to the model."""
