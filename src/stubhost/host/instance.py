@@ -120,8 +120,11 @@ class ModelInstance:
         self.has_is_ready = False
         self._restarter: threading.Thread | None = None
         self._starting: StubProcess | None = None
-        self.process = process if process is not None else StubProcess(spec.instance_name, python=spec.python,
-                                                                         env=spec.env)
+        try:
+            self.process = process if process is not None else StubProcess(spec.instance_name, python=spec.python,
+                                                                             env=spec.env)
+        except OSError as e:
+            raise load_error(spec, e) from None
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def initialize(self) -> None:

@@ -104,7 +104,10 @@ class LoadedModel:
         env = options.stub_env()
         python = cfg.parameters[PYTHON_PARAMETER].string_value if PYTHON_PARAMETER in cfg.parameters else None
         python = python or options.python
-        first = StubProcess(f"{name}_0_0", python=python, env=env)
+        try:
+            first = StubProcess(f"{name}_0_0", python=python, env=env)
+        except OSError as e:
+            raise InferenceError("INTERNAL", f"failed to load '{name}': cannot start its stub: {e}") from None
         try:
             if options.auto_complete:
                 cfg = _auto_complete(first, cfg, first_file, model_dir, source, options.init_timeout_s)
@@ -166,7 +169,7 @@ class LoadedModel:
         except BaseException as e:
             for inst in instances:
                 inst.stop()
-            if not instances:
+            if not any(inst.process is first for inst in instances):
                 first.close()
             if isinstance(e, InferenceError):
                 raise
