@@ -7,14 +7,17 @@ Every command is an inline-reply ``IPCMessage`` pushed on the stub's queue:
 ==================  ======================================  =====================================
 command             args                                    reply (status, reply_args)
 ==================  ======================================  =====================================
-AUTO_COMPLETE       PAYLOAD record: JSON {model, config}    OK + PAYLOAD: JSON config
-INITIALIZE          PAYLOAD record: JSON {model, args}      OK + 0
+AUTO_COMPLETE       PAYLOAD record: JSON {model, config}    OK + PAYLOAD: JSON {config}
+INITIALIZE          PAYLOAD record: JSON {model, args}      OK + PAYLOAD: JSON {is_ready: bool}
 EXECUTE             first REQUEST record of a chain         OK + first RESPONSE record of a chain
+PING                0                                       OK + PAYLOAD: JSON {ready: bool}
 FINALIZE            0                                       OK + 0; then the stub exits
+SHUTDOWN            0                                       none; the stub exits
 ==================  ======================================  =====================================
 
-A failed command replies ``REPLY_ERROR`` with a PAYLOAD record holding the error text. The parent
-itself replies ``REPLY_STUB_GONE`` to messages a dead stub can no longer answer.
+A failed command replies ``REPLY_ERROR`` with a PAYLOAD record holding ``{"message": text}`` (or 0
+when the pool had no room for it). The parent itself replies ``REPLY_STUB_GONE`` to messages a
+dead stub can no longer answer.
 
 Request records: ints ``(flags, correlation_id, timeout_us)``; strings
 ``[request_id, parameters_json, correlation_id_text, *requested_output_names]``; tensors = inputs.

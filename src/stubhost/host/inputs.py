@@ -78,11 +78,11 @@ class RequestChecker:
             if spec.dtype == _BYTES:
                 if array.dtype.kind not in _STRING_KINDS:
                     raise self._error(request_id, f"inference input '{name}' data-type is "
-                                                  f"'{_core.dtype_name(_dtype_of(array))}', but model "
+                                                  f"'{_core.dtype_name(_core.DataType(_dtype_of(array)))}', but model "
                                                   f"'{self.model_name}' expects 'BYTES'")
             elif _dtype_of(array) != spec.dtype:
                 raise self._error(request_id, f"inference input '{name}' data-type is "
-                                              f"'{_core.dtype_name(_dtype_of(array))}', but model "
+                                              f"'{_core.dtype_name(_core.DataType(_dtype_of(array)))}', but model "
                                               f"'{self.model_name}' expects '{spec.dtype_name}'")
             shape = array.shape
             dims = shape

@@ -22,11 +22,12 @@ from stubhost import _core
 from stubhost._core import Command, RecordKind
 from stubhost.host.errors import InferenceError
 from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
-from stubhost.protocol import REPLY_ERROR, REPLY_STUB_GONE, error_code_name, read_payload, write_payload
+from stubhost.protocol import REPLY_ERROR, REPLY_OK, REPLY_STUB_GONE, error_code_name, read_payload, write_payload
 
 log = logging.getLogger("stubhost")
 
 _REQUEST = int(RecordKind.REQUEST)
+_RESPONSE = int(RecordKind.RESPONSE)
 IS_READY_TIMEOUT_S = 5.0
 
 
@@ -262,7 +263,7 @@ class ModelInstance:
         try:
             record = _core.write_record(pool, _REQUEST, 0, (flags, corr_int, timeout_us),
                                         (request_id, parameters, corr_text, *outputs), tensors)
-        except _core.PoolFullError as e:
+        except (_core.PoolFullError, _core.LockTimeoutError, _core.ShmError) as e:
             raise InferenceError("UNAVAILABLE", f"no room for the request in the shared memory of instance "
                                                 f"'{self.name}': {e}") from None
         except (_core.CoreError, TypeError, ValueError) as e:
@@ -272,9 +273,13 @@ class ModelInstance:
         except TimeoutError as e:
             pool.free(record)
             raise InferenceError("UNAVAILABLE", str(e)) from None
-        if not message.wait_reply(timeout):
-            self.mark_hung()
-            process.finish(message)
+        if not process.wait(message, timeout):
+            # The oldest request in flight is the one the stub runs: it is stuck, so the stub is
+            # replaced. A request that timed out still waiting in the queue just gives up.
+            executing = next(iter(process.inflight), None) == message.handle
+            process.abandon(message, record)
+            if executing:
+                self.mark_hung()
             raise InferenceError("UNAVAILABLE", f"Request timeout expired: instance '{self.name}' did not answer "
                                                 f"within {timeout} s")
         status, reply = process.finish(message)
@@ -284,12 +289,19 @@ class ModelInstance:
             raise InferenceError("INTERNAL", f"Stub process '{self.name}' is not healthy.")
         pool.free(record)
         if status == REPLY_ERROR:
-            payload = read_payload(pool, reply) if reply else {}
+            try:
+                payload = read_payload(pool, reply) if reply else {}
+            except (_core.CoreError, ValueError) as e:
+                payload = {"message": f"instance '{self.name}' failed the request and sent an unreadable reason ({e})"}
             raise InferenceError("INTERNAL", str(payload.get("message", "")) if isinstance(payload, dict) else "")
+        if status != REPLY_OK:
+            raise InferenceError("INTERNAL", f"instance '{self.name}' answered with unknown status {status}")
         try:
-            _, code, _, next_record, strings, result = _core.read_record(pool, reply, lease=True)
+            kind, code, _, next_record, strings, result = _core.read_record(pool, reply, lease=True)
             if next_record:
                 _core.free_record_chain(pool, next_record)  # one request, one response: extras are dropped
+            if kind != _RESPONSE:
+                raise _core.FormatError("the reply is not a response record")
         except _core.CoreError as e:
             raise InferenceError("INTERNAL", f"instance '{self.name}' sent a malformed response: {e}") from None
         if code:

@@ -7,8 +7,13 @@ start and initialize every instance of every version the version policy selects.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
+import sys
+import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -54,14 +59,33 @@ class LoadOptions:
     finalize_timeout_s: float = 30.0
     restart: RestartPolicy = field(default_factory=RestartPolicy)
 
-    def stub_env(self) -> dict[str, str]:
-        """The server's environment, with stubhost importable even from a source checkout."""
+    def stub_env(self, python: str | None) -> dict[str, str]:
+        """The server's environment for a stub run by `python` (None: this interpreter).
+
+        Output is unbuffered so that a model's prints reach the log as they happen. Another
+        interpreter gets stubhost (and nothing else of ours) on its path, through a folder that
+        holds only a link to this package, so its own packages are the ones it imports.
+        """
         env = dict(self.env if self.env is not None else os.environ)
-        package_root = str(Path(stubhost.__file__).resolve().parent.parent)
-        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if package_root not in paths:
-            env["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
+        env["PYTHONUNBUFFERED"] = "1"
+        if python is not None and os.path.realpath(python) != os.path.realpath(sys.executable):
+            paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+            env["PYTHONPATH"] = os.pathsep.join([_package_link_dir(), *paths])
         return env
+
+
+_package_link: str | None = None
+
+
+def _package_link_dir() -> str:
+    """A per-process folder holding only a link named ``stubhost`` to this package."""
+    global _package_link
+    if _package_link is None:
+        folder = tempfile.mkdtemp(prefix="stubhost-path-")
+        os.symlink(Path(stubhost.__file__).resolve().parent, os.path.join(folder, "stubhost"))
+        atexit.register(shutil.rmtree, folder, True)
+        _package_link = folder
+    return _package_link
 
 
 def _auto_complete(process: StubProcess, cfg: ModelConfig, file: Path, model_dir: ModelDir, source: str,
@@ -101,9 +125,9 @@ class LoadedModel:
             first_file = model_file(model_dir, versions[-1], cfg)
         except (ConfigError, ValueError) as e:
             raise InferenceError("INVALID_ARG", str(e)) from None
-        env = options.stub_env()
         python = cfg.parameters[PYTHON_PARAMETER].string_value if PYTHON_PARAMETER in cfg.parameters else None
         python = python or options.python
+        env = options.stub_env(python)
         try:
             first = StubProcess(f"{name}_0_0", python=python, env=env)
         except OSError as e:
@@ -123,7 +147,7 @@ class LoadedModel:
             raise InferenceError("INVALID_ARG", str(e)) from None
         except (StubCallError, StubGoneError, TimeoutError) as e:
             first.close()
-            raise InferenceError("INTERNAL", f"failed to load '{name}': auto_complete_config failed: {e}") from None
+            raise InferenceError("INTERNAL", f"failed to load '{name}': {e}") from None
         except BaseException:
             first.close()
             raise
@@ -222,11 +246,13 @@ class LoadedModel:
         """One health-monitor pass over the instances."""
         for inst in self.instances():
             inst.check_health()
+            inst.process.reap()
 
     def stop(self) -> None:
         """Finalizes and stops every instance (in parallel)."""
-        instances = self.instances()
-        if not instances:
-            return
-        with ThreadPoolExecutor(max_workers=min(16, len(instances))) as pool:
-            list(pool.map(ModelInstance.stop, instances))
+        # Plain threads, not an executor: this also runs from atexit, when executors refuse work.
+        threads = [threading.Thread(target=inst.stop, name=f"stubhost-stop-{inst.name}") for inst in self.instances()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()

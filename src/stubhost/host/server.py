@@ -70,7 +70,8 @@ class Server:
         self._executor: ThreadPoolExecutor | None = None
         _live_servers.add(self)
         _install_signal_handlers()
-        self._monitor = threading.Thread(target=self._watch, name="stubhost-health", daemon=True)
+        self._monitor = threading.Thread(target=_watch, args=(weakref.ref(self), self._closed),
+                                         name="stubhost-health", daemon=True)
         self._monitor.start()
         try:
             found = scan_repository(self.repository)
@@ -105,7 +106,7 @@ class Server:
                     self._models[name] = future.result()
                 continue
             self.load_errors[name] = str(error)
-            log.error("failed to load '%s': %s", name, error)
+            log.error("%s", error)
             first_error = first_error or error
         if first_error is not None and exit_on_error:
             raise first_error
@@ -206,6 +207,12 @@ class Server:
         model = self._models.get(name)
         if model is None:
             model = self._model(name)
+        if isinstance(correlation_id, bool) or not isinstance(correlation_id, (int, str)) or (
+                isinstance(correlation_id, int) and not 0 <= correlation_id < 1 << 64):
+            raise InferenceError("INVALID_ARG", f"correlation_id must be an unsigned 64-bit integer or a string, "
+                                                f"got {correlation_id!r}")
+        if not isinstance(flags, int) or not 0 <= flags < 1 << 32:
+            raise InferenceError("INVALID_ARG", f"flags must be an unsigned 32-bit integer, got {flags!r}")
         if not isinstance(inputs, Mapping):
             raise InferenceError("INVALID_ARG", f"inputs must map input names to arrays, got {type(inputs).__name__}")
         try:
@@ -233,10 +240,9 @@ class Server:
         if self._closed.is_set():
             raise InferenceError("UNAVAILABLE", "the server is closed")
 
-    def _watch(self) -> None:
-        while not self._closed.wait(HEALTH_PERIOD_S):
-            for model in list(self._models.values()):
-                model.check_health()
+    def _check_health(self) -> None:
+        for model in list(self._models.values()):
+            model.check_health()
 
     def close(self) -> None:
         """Finalizes every model, stops every stub and removes every shared-memory segment."""
@@ -257,6 +263,16 @@ class Server:
         if not getattr(self, "_closed", threading.Event()).is_set():
             log.warning("stubhost.Server was not closed; closing it now")
             self.close()
+
+
+def _watch(server_ref: weakref.ref[Server], closed: threading.Event) -> None:
+    """The health monitor; it holds the server weakly, so an unreferenced server can be collected."""
+    while not closed.wait(HEALTH_PERIOD_S):
+        server = server_ref()
+        if server is None:
+            return
+        server._check_health()
+        del server
 
 
 # ---- process-wide clean-up -----------------------------------------------------------------------

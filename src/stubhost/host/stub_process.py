@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from typing import IO, Any
 
@@ -24,6 +25,7 @@ log = logging.getLogger("stubhost")
 
 LOG_MARKER = "\x1fSTUBLOG"  # must match stubhost.stub.runtime.LOG_MARKER
 QUEUE_CAPACITY = 1024
+DEATH_CHECK_S = 0.1  # how often a waiting caller checks that its stub still lives
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 
 
@@ -48,6 +50,7 @@ class StubProcess:
         self.pool = Pool.create(initial_size=pool_size, growth_size=pool_growth, max_size=pool_max)
         self.inflight: dict[int, IPCMessage] = {}
         self.dead = False  # set once the stub is known to be gone; never cleared
+        self.abandoned: list[tuple[IPCMessage, int]] = []  # (message, request record) nobody waits for
         try:
             self.control = IPCControl.create(self.pool)
             self.inbox = MessageQueue.create(self.pool, QUEUE_CAPACITY)
@@ -129,7 +132,8 @@ class StubProcess:
             if args:
                 self.pool.free(args)
             raise
-        if not message.wait_reply(timeout):
+        if not self.wait(message, timeout):
+            self.abandon(message, 0)
             raise TimeoutError(f"stub '{self.instance_name}' did not answer {command.name} within {timeout} s")
         status, reply = self.finish(message)
         if status == REPLY_STUB_GONE:
@@ -140,6 +144,46 @@ class StubProcess:
         if status != REPLY_OK:
             raise StubCallError(f"stub '{self.instance_name}' answered with unknown status {status}")
         return payload
+
+    def wait(self, message: IPCMessage, timeout: float | None) -> bool:
+        """Waits for the reply; a stub that dies meanwhile answers at once (REPLY_STUB_GONE),
+        even before a health monitor watches it (during loading). False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = DEATH_CHECK_S if deadline is None else min(DEATH_CHECK_S, deadline - time.monotonic())
+            if message.wait_reply(max(remaining, 0.0)):
+                return True
+            if not self.alive():
+                self.fail_inflight()
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+
+    def abandon(self, message: IPCMessage, record: int) -> None:
+        """Gives up on a message the stub may still answer: the caller is told, and ``reap``
+        frees its request record and the reply once the stub is done with them."""
+        self.inflight.pop(message.handle, None)
+        self.abandoned.append((message, record))
+
+    def reap(self) -> None:
+        """Frees what abandoned messages left behind once they are answered (health monitor)."""
+        pending = []
+        for message, record in self.abandoned:
+            if not message.wait_reply(0):
+                pending.append((message, record))
+                continue
+            status, reply = message.reply_status, message.reply_args
+            message.release()
+            if status == REPLY_STUB_GONE:
+                continue  # the pool goes with the stub
+            try:
+                if record:
+                    self.pool.free(record)
+                if reply:
+                    _core.free_record_chain(self.pool, reply)
+            except _core.CoreError as e:
+                log.warning("stub '%s' answered an abandoned request with a bad reply: %s", self.instance_name, e)
+        self.abandoned = pending
 
     def fail_message(self, message: IPCMessage) -> None:
         """Answers a message for a stub that can no longer do so."""

@@ -117,9 +117,14 @@ class StubRuntime:
     def reply_error(self, message: IPCMessage, text: str) -> None:
         """Answers `message` with an error payload."""
         try:
-            message.reply(REPLY_ERROR, write_payload(self.pool, {"message": text}))
+            payload = write_payload(self.pool, {"message": text})
         except _core.CoreError:
-            pass  # already answered (or the parent gave up on it): nothing left to tell
+            payload = 0  # no room for the reason (a full pool): the parent still learns of the failure
+        try:
+            message.reply(REPLY_ERROR, payload)
+        except _core.CoreError:
+            if payload:  # already answered: the reason has no reader
+                self.pool.free(payload)
 
     # ---- commands --------------------------------------------------------------------------------
     def load(self, payload: dict[str, Any]) -> ModuleType:
