@@ -8,7 +8,7 @@ import enum
 import numpy
 import typing
 import typing_extensions  # noqa: F401  (Buffer, CapsuleType; typing-only)
-__all__: list[str] = ['ALIGNMENT', 'Command', 'ControlQueue', 'CoreError', 'CorruptionError', 'DataType', 'FormatError', 'IPCControl', 'IPCMessage', 'InvalidHandleError', 'LAYOUT_VERSION', 'LayoutVersionError', 'LockResult', 'LockTimeoutError', 'MAX_SEGMENTS', 'MemoryType', 'MessageQueue', 'Pool', 'PoolFullError', 'RobustMutex', 'Semaphore', 'ShmError', 'ShmSpaceError', 'ShmView', 'TensorInfo', 'count_bytes_elements', 'decode_bytes', 'decode_tensor_header', 'dtype_from_name', 'dtype_name', 'dtype_size', 'encode_bytes', 'encode_bytes_into', 'encode_tensor_header', 'encoded_bytes_size', 'from_dlpack', 'handle_offset', 'handle_segment', 'make_handle', 'read_tensor', 'set_spin_budget', 'spin_budget', 'tensor_array', 'tensor_header_bytes', 'to_dlpack', 'write_tensor']
+__all__: list[str] = ['ALIGNMENT', 'Command', 'ControlQueue', 'CoreError', 'CorruptionError', 'DataType', 'FormatError', 'IPCControl', 'IPCMessage', 'InvalidHandleError', 'LAYOUT_VERSION', 'LayoutVersionError', 'LockResult', 'LockTimeoutError', 'MAX_SEGMENTS', 'MemoryType', 'MessageQueue', 'Pool', 'PoolFullError', 'RecordKind', 'RecordLease', 'RobustMutex', 'Semaphore', 'ShmError', 'ShmSpaceError', 'ShmView', 'TensorInfo', 'count_bytes_elements', 'decode_bytes', 'decode_tensor_header', 'dtype_from_name', 'dtype_name', 'dtype_size', 'encode_bytes', 'encode_bytes_into', 'encode_tensor_header', 'encoded_bytes_size', 'free_record_chain', 'from_dlpack', 'handle_offset', 'handle_segment', 'make_handle', 'read_record', 'read_tensor', 'set_record_next', 'set_spin_budget', 'spin_budget', 'tensor_array', 'tensor_header_bytes', 'to_dlpack', 'write_record', 'write_tensor']
 class CoreError(RuntimeError):
     pass
 class ShmError(CoreError):
@@ -309,8 +309,14 @@ class IPCMessage:
     @staticmethod
     def create(pool: Pool, command: Command, args: typing.SupportsInt | typing.SupportsIndex = 0, request_id: typing.SupportsInt | typing.SupportsIndex = 0, inline_reply: bool = False) -> IPCMessage:
         ...
+    def release(self) -> None:
+        """
+        Drop this holder's reference; the last holder frees the message.
+        """
     def reply(self, status: typing.SupportsInt | typing.SupportsIndex = 0, args: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
-        ...
+        """
+        Answer an inline-reply message (once; a second reply raises CoreError).
+        """
     def wait_reply(self, timeout: typing.SupportsFloat | typing.SupportsIndex | None = None) -> bool:
         """
         Wait for the responder's reply(); False on timeout.
@@ -400,6 +406,19 @@ class TensorInfo:
     @property
     def shape(self) -> tuple:
         ...
+class RecordLease:
+    """
+    Frees an inference record when its last tensor view goes away.
+    """
+class RecordKind(enum.IntEnum):
+    PAYLOAD: typing.ClassVar[RecordKind]
+    REQUEST: typing.ClassVar[RecordKind]
+    RESPONSE: typing.ClassVar[RecordKind]
+    @classmethod
+    def __new__(cls, value):
+        ...
+    def __format__(self, format_spec):
+        ...
 def count_bytes_elements(buffer: typing_extensions.Buffer) -> int:
     ...
 def decode_bytes(buffer: typing_extensions.Buffer, count: typing.SupportsInt | typing.SupportsIndex) -> numpy.ndarray:
@@ -430,6 +449,10 @@ def encode_tensor_header(name: str, dtype: DataType, shape: collections.abc.Sequ
     ...
 def encoded_bytes_size(items: collections.abc.Iterable) -> int:
     ...
+def free_record_chain(pool: Pool, handle: typing.SupportsInt | typing.SupportsIndex, limit: typing.SupportsInt | typing.SupportsIndex = 1048576) -> int:
+    """
+    Free a record and the records chained after it; returns how many were freed.
+    """
 def from_dlpack(source: typing.Any) -> tuple[DataType, numpy.ndarray]:
     """
     Import a CPU DLPack tensor (object with __dlpack__ or a capsule) without copying.
@@ -441,10 +464,18 @@ def handle_segment(handle: typing.SupportsInt | typing.SupportsIndex) -> int:
     ...
 def make_handle(segment: typing.SupportsInt | typing.SupportsIndex, offset: typing.SupportsInt | typing.SupportsIndex) -> int:
     ...
+def read_record(pool: Pool, handle: typing.SupportsInt | typing.SupportsIndex, lease: bool = False) -> tuple[int, int, tuple[int, int, int], int, list, list]:
+    """
+    Read and validate a record: (kind, status, ints, next, strings, [(name, dtype, array)]).
+    Arrays are zero-copy views (BYTES are decoded to object arrays). With lease=True the record
+    is freed when the last view goes away; otherwise the writer stays its owner.
+    """
 def read_tensor(pool: Pool, handle: typing.SupportsInt | typing.SupportsIndex) -> TensorInfo:
     """
     Read and validate the tensor header at handle.
     """
+def set_record_next(pool: Pool, handle: typing.SupportsInt | typing.SupportsIndex, next: typing.SupportsInt | typing.SupportsIndex) -> None:
+    ...
 def set_spin_budget(seconds: typing.SupportsFloat | typing.SupportsIndex) -> None:
     """
     How long a waiter spins before sleeping (process-wide; 0 disables).
@@ -460,6 +491,11 @@ def tensor_header_bytes(name_length: typing.SupportsInt | typing.SupportsIndex, 
 def to_dlpack(owner: typing.Any, address: typing.SupportsInt | typing.SupportsIndex, dtype: DataType, shape: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], device_type: typing.SupportsInt | typing.SupportsIndex = 1, device_id: typing.SupportsInt | typing.SupportsIndex = 0) -> typing_extensions.CapsuleType:
     """
     Export memory at `address` (kept alive through `owner`) as a DLPack capsule, compact row-major.
+    """
+def write_record(pool: Pool, kind: typing.SupportsInt | typing.SupportsIndex, status: typing.SupportsInt | typing.SupportsIndex = 0, ints: collections.abc.Sequence = (), strings: collections.abc.Sequence = (), tensors: collections.abc.Sequence = (), next: typing.SupportsInt | typing.SupportsIndex = 0) -> int:
+    """
+    Write one record (strings, and tensors given as (name, array[, dtype])) in one allocation.
+    Arrays are copied once; str/bytes/object arrays become BYTES. Returns the record's handle.
     """
 def write_tensor(pool: Pool, name: str, dtype: DataType, shape: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], byte_size: typing.SupportsInt | typing.SupportsIndex, memory_type: MemoryType = ..., device_id: typing.SupportsInt | typing.SupportsIndex = 0, data_handle: typing.SupportsInt | typing.SupportsIndex = 0, data_offset: typing.SupportsInt | typing.SupportsIndex = 0, cuda_ipc_handle: bytes = b'') -> tuple[int, TensorInfo]:
     """
