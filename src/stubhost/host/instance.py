@@ -263,16 +263,16 @@ class ModelInstance:
         try:
             record = _core.write_record(pool, _REQUEST, 0, (flags, corr_int, timeout_us),
                                         (request_id, parameters, corr_text, *outputs), tensors)
-        except (_core.PoolFullError, _core.LockTimeoutError, _core.ShmError) as e:
+        except (_core.PoolFullError, _core.LockTimeoutError, _core.ShmError, _core.ShmSpaceError) as e:
             raise InferenceError("UNAVAILABLE", f"no room for the request in the shared memory of instance "
                                                 f"'{self.name}': {e}") from None
         except (_core.CoreError, TypeError, ValueError) as e:
             raise InferenceError("INVALID_ARG", f"[request id: {request_id or '<id_unknown>'}] {e}") from None
         try:
             message = process.submit(Command.EXECUTE_REQUEST, record, timeout)
-        except TimeoutError as e:
+        except (TimeoutError, _core.CoreError) as e:
             pool.free(record)
-            raise InferenceError("UNAVAILABLE", str(e)) from None
+            raise InferenceError("UNAVAILABLE", f"cannot send the request to instance '{self.name}': {e}") from None
         if not process.wait(message, timeout):
             # The oldest request in flight is the one the stub runs: it is stuck, so the stub is
             # replaced. A request that timed out still waiting in the queue just gives up.

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 import stubhost
+from stubhost import _core
 from stubhost._core import Command
 from stubhost.config import (
     ConfigError,
@@ -68,7 +69,7 @@ class LoadOptions:
         """
         env = dict(self.env if self.env is not None else os.environ)
         env["PYTHONUNBUFFERED"] = "1"
-        if python is not None and os.path.realpath(python) != os.path.realpath(sys.executable):
+        if python is not None and os.path.abspath(python) != os.path.abspath(sys.executable):
             paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
             env["PYTHONPATH"] = os.pathsep.join([_package_link_dir(), *paths])
         return env
@@ -145,7 +146,7 @@ class LoadedModel:
         except (ConfigError, ValueError) as e:
             first.close()
             raise InferenceError("INVALID_ARG", str(e)) from None
-        except (StubCallError, StubGoneError, TimeoutError) as e:
+        except (StubCallError, StubGoneError, TimeoutError, _core.CoreError) as e:
             first.close()
             raise InferenceError("INTERNAL", f"failed to load '{name}': {e}") from None
         except BaseException:
