@@ -49,7 +49,10 @@ def triton_to_numpy_dtype(dtype: DataType) -> np.dtype:
 
 def numpy_to_triton_dtype(dtype: Any) -> DataType:
     """Triton dtype of a numpy dtype; bytes_ and str_ arrays are BYTES."""
-    known = _TRITON_OF.get(dtype)  # fast path: a native-order numpy dtype (hashes like its type)
+    try:
+        known = _TRITON_OF.get(dtype)  # fast path: a native-order numpy dtype
+    except TypeError:  # an unhashable dtype spec (a structured-dtype list): the slow path explains
+        known = None
     if known is not None:
         return known
     dt = np.dtype(dtype)

@@ -121,6 +121,7 @@ class ModelInstance:
         self.has_is_ready = False
         self._restarter: threading.Thread | None = None
         self._starting: StubProcess | None = None
+        self._stopping = threading.Event()
         try:
             self.process = process if process is not None else StubProcess(spec.instance_name, python=spec.python,
                                                                              env=spec.env)
@@ -186,8 +187,7 @@ class ModelInstance:
     def _restart(self, delay: float | None) -> None:
         self.process.close()
         while delay is not None:
-            time.sleep(delay)
-            if self.state is not InstanceState.RESTARTING:
+            if self._stopping.wait(delay) or self.state is not InstanceState.RESTARTING:
                 return
             try:
                 process = StubProcess(self.name, python=self.spec.python, env=self.spec.env)
@@ -227,6 +227,7 @@ class ModelInstance:
         with self._lock:
             state, self.state = self.state, InstanceState.STOPPED
             self._ready.set()
+            self._stopping.set()  # cuts a restart's backoff short
             restarter = self._restarter
         starting = self._starting
         if starting is not None:

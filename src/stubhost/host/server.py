@@ -20,6 +20,7 @@ import atexit
 import functools
 import json
 import logging
+import math
 import os
 import signal
 import threading
@@ -161,7 +162,7 @@ class Server:
 
     def ready(self) -> bool:
         """True when every model that should be loaded is loaded and ready."""
-        if self._closed.is_set() or self.load_errors:
+        if self._closed.is_set():
             return False
         with self._lock:
             return all(name in self._models and self._models[name].ready() for name in self._expected)
@@ -213,6 +214,14 @@ class Server:
                                                 f"got {correlation_id!r}")
         if not isinstance(flags, int) or not 0 <= flags < 1 << 32:
             raise InferenceError("INVALID_ARG", f"flags must be an unsigned 32-bit integer, got {flags!r}")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or math.isnan(timeout) or timeout <= 0:
+                raise InferenceError("INVALID_ARG", f"timeout must be a positive number of seconds or None, "
+                                                    f"got {timeout!r}")
+            if math.isinf(timeout):
+                timeout = None
+        if outputs is not None and (isinstance(outputs, (str, bytes)) or not isinstance(outputs, Sequence)):
+            raise InferenceError("INVALID_ARG", f"outputs must be a sequence of output names, got {outputs!r}")
         if not isinstance(inputs, Mapping):
             raise InferenceError("INVALID_ARG", f"inputs must map input names to arrays, got {type(inputs).__name__}")
         try:
