@@ -59,6 +59,19 @@ void record_spin(bool succeeded) noexcept {
   g_adaptive_spin_ns.store(next, std::memory_order_relaxed);
 }
 
+void record_slept_wait(std::chrono::nanoseconds waited) noexcept {
+  // With one CPU the peer only runs while we sleep, so a short wait proves nothing about spinning.
+  static const bool several_cpus = sysconf(_SC_NPROCESSORS_ONLN) > 1;
+  const int64_t ceiling = g_spin_budget_ns.load(std::memory_order_relaxed);
+  const int64_t w = waited.count();
+  if (!several_cpus || w <= 0 || w >= ceiling) return;
+  int64_t want = w + w / 4;
+  if (want > ceiling) want = ceiling;
+  if (want > g_adaptive_spin_ns.load(std::memory_order_relaxed)) {
+    g_adaptive_spin_ns.store(want, std::memory_order_relaxed);
+  }
+}
+
 void yield_cpu() noexcept { sched_yield(); }
 
 Deadline Deadline::after(std::optional<double> seconds) {

@@ -52,11 +52,15 @@ inline void cpu_relax() noexcept {
 std::chrono::nanoseconds spin_budget() noexcept;
 void set_spin_budget(std::chrono::nanoseconds budget) noexcept;
 
-/// The spin actually used adapts between 1 us and the ceiling: it halves after a spin that ended
-/// in sleep (the peer is slow, or shares our CPU and cannot run while we spin) and grows by half
-/// after a spin that succeeded. Relaxed and racy across threads on purpose: it is only a hint.
+/// The spin actually used adapts between 1 us and the ceiling: it shrinks by a quarter after a
+/// spin that ended in sleep (the peer is slow, or shares our CPU and cannot run while we spin) and
+/// grows by half after a spin that succeeded. A wait that slept but was answered within the
+/// ceiling raises it to 1.25x that wait (a spin that long would have caught it), so a spin that
+/// shrank to the floor while the peer was briefly slow can find its way back. Relaxed and racy
+/// across threads on purpose: it is only a hint.
 std::chrono::nanoseconds adaptive_spin() noexcept;
 void record_spin(bool succeeded) noexcept;
+void record_slept_wait(std::chrono::nanoseconds waited) noexcept;
 
 /// Gives the CPU to another runnable thread (a peer on the same core can then answer us).
 void yield_cpu() noexcept;
@@ -102,6 +106,7 @@ static_assert(sizeof(ShmEventCount) == 8, "ShmEventCount layout");
 
 template <class Ready>
 bool ShmEventCount::wait_until(Ready&& ready, const Deadline& deadline) {
+  const auto start = Clock::now();
   if (spin_until(ready, deadline)) return true;
   for (;;) {
     // SYNC POINT READ: pairs with notify(); waiters++ before reading seq, and the notifier bumps
@@ -120,7 +125,10 @@ bool ShmEventCount::wait_until(Ready&& ready, const Deadline& deadline) {
     // one slice of latency, never a lost wake-up for ever.
     futex_wait(&seq, key, deadline.remaining(std::chrono::milliseconds(100)));
     waiters.fetch_sub(1, std::memory_order_relaxed);
-    if (ready()) return true;
+    if (ready()) {
+      record_slept_wait(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start));
+      return true;
+    }
   }
 }
 
