@@ -38,7 +38,7 @@ from stubhost.config import (
 from stubhost.config.model_config_pb2 import ModelInstanceGroup
 from stubhost.host.errors import InferenceError
 from stubhost.host.inputs import RequestChecker
-from stubhost.host.instance import InstanceSpec, InstanceState, ModelInstance, RestartPolicy, initialize_stub, load_error
+from stubhost.host.instance import InstanceSpec, InstanceState, ModelInstance, RestartPolicy, load_error
 from stubhost.host.repository import ModelDir, model_file
 from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
 from stubhost.protocol import write_payload
