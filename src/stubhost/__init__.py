@@ -4,6 +4,8 @@
 lives in the C++ extension ``stubhost._core``, and the names most code needs are re-exported here.
 """
 
+from typing import TYPE_CHECKING
+
 from stubhost._core import (
     LAYOUT_VERSION,
     CoreError,
@@ -45,6 +47,11 @@ __all__ = [
     "ShmSpaceError",
 ]
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # type checkers see the lazy names below as what they are
+    from stubhost.host.errors import InferenceError
+    from stubhost.host.instance import RestartPolicy
+    from stubhost.host.server import Server
 
 # The parent-side API is imported on first use, so that a stub (which imports stubhost) never
 # loads the host layer.
