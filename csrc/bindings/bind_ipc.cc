@@ -109,13 +109,15 @@ void bind_ipc(py::module_& m) {
 
   py::class_<IPCMessage>(m, "IPCMessage", "One protocol message: command, args handle, inline-reply slot.")
       .def_static("create", &IPCMessage::create, py::arg("pool"), py::arg("command"), py::arg("args") = 0,
-                  py::arg("request_id") = 0, py::arg("inline_reply") = false)
+                  py::arg("request_id") = 0, py::arg("inline_reply") = false, py::arg("notify") = false)
       .def_static("attach", &IPCMessage::attach, py::arg("pool"), py::arg("handle"))
       .def_property_readonly("handle", &IPCMessage::handle)
       .def_property_readonly("command", [](const IPCMessage& msg) { return static_cast<Command>(msg.command()); })
       .def_property_readonly("args", &IPCMessage::args)
       .def_property_readonly("request_id", &IPCMessage::request_id)
       .def_property_readonly("inline_reply", &IPCMessage::inline_reply)
+      .def_property_readonly("notify", &IPCMessage::notify,
+                             "After replying, the responder also pushes this handle on the parent queue.")
       .def_property_readonly("reply_status", &IPCMessage::reply_status)
       .def_property_readonly("reply_args", &IPCMessage::reply_args)
       .def("reply", &IPCMessage::reply, py::arg("status") = 0, py::arg("args") = 0,

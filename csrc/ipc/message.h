@@ -38,6 +38,8 @@ enum class Command : uint32_t {
 constexpr uint32_t kMaxCommand = 21;
 
 constexpr uint32_t kMessageInlineReply = 1u;  // the sender waits on reply_ready
+constexpr uint32_t kMessageNotify = 2u;       // after replying, the responder also pushes the handle
+                                              // on the parent queue (callers that wait without a thread)
 
 struct IPCMessageShm {
   uint32_t magic;
@@ -66,7 +68,7 @@ static_assert(sizeof(IPCMessageShm) == 64, "message layout");
 class IPCMessage {
  public:
   static IPCMessage create(const std::shared_ptr<Pool>& pool, Command command, uint64_t args,
-                           uint64_t request_id, bool inline_reply);
+                           uint64_t request_id, bool inline_reply, bool notify = false);
   /// Validates the message at `handle` (magic, command range).
   static IPCMessage attach(const std::shared_ptr<Pool>& pool, uint64_t handle);
 
@@ -75,6 +77,7 @@ class IPCMessage {
   uint64_t args() const noexcept { return m_->args; }
   uint64_t request_id() const noexcept { return m_->request_id; }
   bool inline_reply() const noexcept { return (m_->flags & kMessageInlineReply) != 0; }
+  bool notify() const noexcept { return (m_->flags & kMessageNotify) != 0; }
   uint32_t reply_status() const noexcept { return m_->reply_status; }
   uint64_t reply_args() const noexcept { return m_->reply_args; }
 

@@ -307,7 +307,7 @@ class IPCMessage:
     def attach(pool: Pool, handle: typing.SupportsInt | typing.SupportsIndex) -> IPCMessage:
         ...
     @staticmethod
-    def create(pool: Pool, command: Command, args: typing.SupportsInt | typing.SupportsIndex = 0, request_id: typing.SupportsInt | typing.SupportsIndex = 0, inline_reply: bool = False) -> IPCMessage:
+    def create(pool: Pool, command: Command, args: typing.SupportsInt | typing.SupportsIndex = 0, request_id: typing.SupportsInt | typing.SupportsIndex = 0, inline_reply: bool = False, notify: bool = False) -> IPCMessage:
         ...
     def release(self) -> None:
         """
@@ -333,6 +333,11 @@ class IPCMessage:
     @property
     def inline_reply(self) -> bool:
         ...
+    @property
+    def notify(self) -> bool:
+        """
+        After replying, the responder also pushes this handle on the parent queue.
+        """
     @property
     def reply_args(self) -> int:
         ...

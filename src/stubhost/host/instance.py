@@ -7,19 +7,21 @@ instance restarts waits for it (bounded by its timeout).
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from stubhost import _core
-from stubhost._core import Command, RecordKind
+from stubhost._core import Command, IPCMessage, RecordKind
 from stubhost.host.errors import InferenceError
 from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
 from stubhost.protocol import REPLY_ERROR, REPLY_OK, REPLY_STUB_GONE, error_code_name, read_payload, write_payload
@@ -28,6 +30,11 @@ log = logging.getLogger("stubhost")
 
 _REQUEST = int(RecordKind.REQUEST)
 _RESPONSE = int(RecordKind.RESPONSE)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():  # the caller may have timed out or been cancelled meanwhile
+        future.set_result(None)
 IS_READY_TIMEOUT_S = 5.0
 
 
@@ -258,6 +265,44 @@ class ModelInstance:
                 timeout: float | None) -> list[tuple[str, int, np.ndarray]]:
         """Runs one request; returns [(name, dtype, array)] whose arrays are views of the pool."""
         process = self._wait_ready(timeout)
+        message, record = self._send(process, tensors, outputs, request_id, parameters, correlation_id, flags,
+                                     timeout, None)
+        if not process.wait(message, timeout):
+            raise self._timed_out(process, message, record, timeout)
+        return self._finish(process, message, record)
+
+    async def execute_async(self, tensors: list[tuple[str, np.ndarray, int]], outputs: list[str], request_id: str,
+                            parameters: str, correlation_id: int | str, flags: int,
+                            timeout: float | None) -> list[tuple[str, int, np.ndarray]]:
+        """``execute`` for asyncio: no thread waits; the stub process's completion thread wakes
+        the caller's event loop when the reply is in."""
+        loop = asyncio.get_running_loop()
+        process = self.process
+        if self.state is not InstanceState.READY:
+            process = await loop.run_in_executor(None, self._wait_ready, timeout)
+        done = loop.create_future()
+
+        def on_reply() -> None:  # runs in the completion thread (or in whoever fails the message)
+            try:
+                loop.call_soon_threadsafe(_resolve, done)
+            except RuntimeError:
+                pass  # the caller's loop is closed: nobody is left to wake
+
+        message, record = self._send(process, tensors, outputs, request_id, parameters, correlation_id, flags,
+                                     timeout, on_reply)
+        try:
+            await asyncio.wait_for(done, timeout)
+        except asyncio.TimeoutError:
+            raise self._timed_out(process, message, record, timeout) from None
+        except asyncio.CancelledError:
+            process.abandon(message, record)  # the caller went away: the stub's answer is reaped later
+            raise
+        return self._finish(process, message, record)
+
+    def _send(self, process: StubProcess, tensors: list[tuple[str, np.ndarray, int]], outputs: list[str],
+              request_id: str, parameters: str, correlation_id: int | str, flags: int, timeout: float | None,
+              on_reply: Callable[[], None] | None) -> tuple[IPCMessage, int]:
+        """Writes the request record and queues its Execute message."""
         pool = process.pool
         corr_int, corr_text = (correlation_id, "") if isinstance(correlation_id, int) else (0, correlation_id)
         timeout_us = int(timeout * 1e6) if timeout is not None else 0
@@ -270,19 +315,26 @@ class ModelInstance:
         except (_core.CoreError, TypeError, ValueError) as e:
             raise InferenceError("INVALID_ARG", f"[request id: {request_id or '<id_unknown>'}] {e}") from None
         try:
-            message = process.submit(Command.EXECUTE_REQUEST, record, timeout)
+            return process.submit(Command.EXECUTE_REQUEST, record, timeout, on_reply), record
         except (TimeoutError, _core.CoreError) as e:
             pool.free(record)
             raise InferenceError("UNAVAILABLE", f"cannot send the request to instance '{self.name}': {e}") from None
-        if not process.wait(message, timeout):
-            # The oldest request in flight is the one the stub runs: it is stuck, so the stub is
-            # replaced. A request that timed out still waiting in the queue just gives up.
-            executing = next(iter(process.inflight), None) == message.handle
-            process.abandon(message, record)
-            if executing:
-                self.mark_hung()
-            raise InferenceError("UNAVAILABLE", f"Request timeout expired: instance '{self.name}' did not answer "
-                                                f"within {timeout} s")
+
+    def _timed_out(self, process: StubProcess, message: IPCMessage, record: int,
+                   timeout: float | None) -> InferenceError:
+        """Gives up on a request; a stuck stub (the request was the one running) is replaced."""
+        # The oldest request in flight is the one the stub runs: it is stuck, so the stub is
+        # replaced. A request that timed out still waiting in the queue just gives up.
+        executing = next(iter(process.inflight), None) == message.handle
+        process.abandon(message, record)
+        if executing:
+            self.mark_hung()
+        return InferenceError("UNAVAILABLE", f"Request timeout expired: instance '{self.name}' did not answer "
+                                             f"within {timeout} s")
+
+    def _finish(self, process: StubProcess, message: IPCMessage, record: int) -> list[tuple[str, int, np.ndarray]]:
+        """Reads an answered request's outcome and frees what it no longer needs."""
+        pool = process.pool
         status, reply = process.finish(message)
         if status == REPLY_STUB_GONE:
             # The stub may have died while reading the record; its pool is discarded with it.

@@ -229,10 +229,9 @@ class LoadedModel:
                                               "found")
         return version
 
-    def infer(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, model_version: str | int,
-              parameters: str, request_id: str, timeout: float | None, correlation_id: int | str,
-              flags: int) -> dict[str, np.ndarray]:
-        """Validates, routes to the least busy READY instance, and returns the outputs."""
+    def _route(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, model_version: str | int,
+               request_id: str) -> tuple[ModelInstance, list[tuple[str, np.ndarray, int]], list[str]]:
+        """Validates a request and picks the least busy READY instance of its version."""
         group = self.versions[self.resolve_version(model_version)]
         tensors = self.checker.check_inputs(inputs, request_id)
         requested = self.checker.check_outputs(outputs, request_id)
@@ -240,7 +239,23 @@ class LoadedModel:
         if len(group) > 1:
             ready = [i for i in group if i.state is InstanceState.READY] or group
             instance = min(ready, key=ModelInstance.load_count)
+        return instance, tensors, requested
+
+    def infer(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, model_version: str | int,
+              parameters: str, request_id: str, timeout: float | None, correlation_id: int | str,
+              flags: int) -> dict[str, np.ndarray]:
+        """Validates, routes to the least busy READY instance, and returns the outputs."""
+        instance, tensors, requested = self._route(inputs, outputs, model_version, request_id)
         result = instance.execute(tensors, requested, request_id, parameters, correlation_id, flags, timeout)
+        return self.checker.check_result(result, request_id)
+
+    async def infer_async(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, model_version: str | int,
+                          parameters: str, request_id: str, timeout: float | None, correlation_id: int | str,
+                          flags: int) -> dict[str, np.ndarray]:
+        """``infer`` for asyncio callers (no thread waits for the reply)."""
+        instance, tensors, requested = self._route(inputs, outputs, model_version, request_id)
+        result = await instance.execute_async(tensors, requested, request_id, parameters, correlation_id, flags,
+                                              timeout)
         return self.checker.check_result(result, request_id)
 
     def check_health(self) -> None:

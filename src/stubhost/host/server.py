@@ -15,9 +15,7 @@ A failed call raises ``stubhost.InferenceError`` with ``.code`` (e.g. "INVALID_A
 
 from __future__ import annotations
 
-import asyncio
 import atexit
-import functools
 import json
 import logging
 import math
@@ -56,7 +54,7 @@ class Server:
                  exit_on_error: bool = True, python_executable: str | None = None,
                  env: Mapping[str, str] | None = None, auto_complete_config: bool = True,
                  restart: RestartPolicy | bool = True, init_timeout: float = 120.0,
-                 finalize_timeout: float = 30.0, async_workers: int = 32) -> None:
+                 finalize_timeout: float = 30.0) -> None:
         self.repository = Path(model_repository)
         policy = restart if isinstance(restart, RestartPolicy) else RestartPolicy(enabled=bool(restart))
         self._options = LoadOptions(python=python_executable, env=dict(env) if env is not None else None,
@@ -67,8 +65,6 @@ class Server:
         self.load_errors: dict[str, str] = {}
         self._lock = threading.RLock()
         self._closed = threading.Event()
-        self._async_workers = async_workers
-        self._executor: ThreadPoolExecutor | None = None
         _live_servers.add(self)
         _install_signal_handlers()
         self._monitor = threading.Thread(target=_watch, args=(weakref.ref(self), self._closed),
@@ -205,6 +201,23 @@ class Server:
         ``timeout`` (seconds) bounds the wait; a request still running then fails with UNAVAILABLE
         and its instance, now considered hung, is replaced.
         """
+        model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
+        return model.infer(inputs, outputs, model_version, params, request_id, timeout, correlation_id, flags)
+
+    async def infer_async(self, name: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
+                          model_version: str | int = "", parameters: Mapping[str, Any] | None = None,
+                          request_id: str = "", timeout: float | None = None, correlation_id: int | str = 0,
+                          flags: int = 0) -> dict[str, np.ndarray]:
+        """``infer`` for asyncio callers: no thread waits for the reply (each stub's completion
+        thread wakes the event loop), so thousands of requests may be awaited at once."""
+        model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
+        return await model.infer_async(inputs, outputs, model_version, params, request_id, timeout,
+                                       correlation_id, flags)
+
+    def _prepare(self, name: str, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
+                 parameters: Mapping[str, Any] | None, timeout: float | None, correlation_id: int | str,
+                 flags: int) -> tuple[LoadedModel, str, float | None]:
+        """Checks the arguments every request shares; returns the model, parameters JSON, timeout."""
         model = self._models.get(name)
         if model is None:
             model = self._model(name)
@@ -228,21 +241,7 @@ class Server:
             params = json.dumps(dict(parameters)) if parameters else "{}"
         except (TypeError, ValueError) as e:
             raise InferenceError("INVALID_ARG", f"parameters must be a JSON-serializable mapping: {e}") from None
-        return model.infer(inputs, outputs, model_version, params, request_id, timeout, correlation_id, flags)
-
-    async def infer_async(self, name: str, inputs: Mapping[str, Any], **kwargs: Any) -> dict[str, np.ndarray]:
-        """``infer`` for asyncio callers: the wait happens off the event loop."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._async_executor(), functools.partial(self.infer, name, inputs,
-                                                                                     **kwargs))
-
-    def _async_executor(self) -> ThreadPoolExecutor:
-        if self._executor is None:
-            with self._lock:
-                if self._executor is None:
-                    self._executor = ThreadPoolExecutor(max_workers=self._async_workers,
-                                                        thread_name_prefix="stubhost-async")
-        return self._executor
+        return model, params, timeout
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -262,8 +261,6 @@ class Server:
             models, self._models = list(self._models.values()), {}
         for model in models:
             model.stop()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
         if self._monitor is not threading.current_thread():
             self._monitor.join(timeout=1.0)
         _live_servers.discard(self)

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 from stubhost import _core
@@ -25,7 +25,8 @@ log = logging.getLogger("stubhost")
 
 LOG_MARKER = "\x1fSTUBLOG"  # must match stubhost.stub.runtime.LOG_MARKER
 QUEUE_CAPACITY = 1024
-DEATH_CHECK_S = 0.1  # how often a waiting caller checks that its stub still lives
+DEATH_CHECK_S = 0.1
+COMPLETION_POLL_S = 0.1  # how often the completion thread also polls for replies it was not told of  # how often a waiting caller checks that its stub still lives
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 
 
@@ -51,6 +52,10 @@ class StubProcess:
         self.inflight: dict[int, IPCMessage] = {}
         self.dead = False  # set once the stub is known to be gone; never cleared
         self.abandoned: list[tuple[IPCMessage, int]] = []  # (message, request record) nobody waits for
+        self.waiters: dict[int, Callable[[], None]] = {}    # message handle -> on_reply, for async callers
+        self._completer: threading.Thread | None = None
+        self._completer_lock = threading.Lock()
+        self._closing = False
         try:
             self.control = IPCControl.create(self.pool)
             self.inbox = MessageQueue.create(self.pool, QUEUE_CAPACITY)
@@ -99,9 +104,17 @@ class StubProcess:
         return self.process.poll() is None
 
     # ---- commands --------------------------------------------------------------------------------
-    def submit(self, command: Command, args: int, timeout: float | None) -> IPCMessage:
-        """Sends one inline-reply command; the caller waits on it and then calls ``finish``."""
-        message = IPCMessage.create(self.pool, command, args=args, inline_reply=True)
+    def submit(self, command: Command, args: int, timeout: float | None,
+               on_reply: Callable[[], None] | None = None) -> IPCMessage:
+        """Sends one inline-reply command; the caller waits on it and then calls ``finish``.
+
+        With `on_reply`, the caller does not wait in a thread: `on_reply` is called (from the
+        completion thread, or from whoever fails the message) once the message is answered.
+        """
+        message = IPCMessage.create(self.pool, command, args=args, inline_reply=True, notify=on_reply is not None)
+        if on_reply is not None:
+            self.waiters[message.handle] = on_reply
+            self._start_completer()
         self.inflight[message.handle] = message
         # SYNC with fail_inflight(): it sets `dead` before it walks `inflight`, so a message either
         # is in the walk or sees the flag here (both under the GIL).
@@ -109,6 +122,7 @@ class StubProcess:
             self.fail_message(message)
         elif not self.inbox.push(message.handle, timeout=timeout):
             self.inflight.pop(message.handle, None)
+            self.waiters.pop(message.handle, None)
             message.release()
             message.release()  # never delivered: the stub's reference is ours to drop
             raise TimeoutError(f"the queue of stub '{self.instance_name}' stayed full")
@@ -163,6 +177,7 @@ class StubProcess:
         """Gives up on a message the stub may still answer: the caller is told, and ``reap``
         frees its request record and the reply once the stub is done with them."""
         self.inflight.pop(message.handle, None)
+        self.waiters.pop(message.handle, None)
         self.abandoned.append((message, record))
 
     def reap(self) -> None:
@@ -191,6 +206,33 @@ class StubProcess:
             message.reply(REPLY_STUB_GONE, 0)
         except _core.CoreError:
             pass  # the stub answered it after all
+        self._notify(message.handle)
+
+    def _notify(self, handle: int) -> None:
+        on_reply = self.waiters.pop(handle, None)  # atomic: whoever pops it calls it, once
+        if on_reply is not None:
+            on_reply()
+
+    def _start_completer(self) -> None:
+        if self._completer is None:
+            with self._completer_lock:
+                if self._completer is None:
+                    self._completer = threading.Thread(target=self._complete, name=f"stubhost-done-{self.instance_name}",
+                                                       daemon=True)
+                    self._completer.start()
+
+    def _complete(self) -> None:
+        """Completion thread: turns the stub's notifications into ``on_reply`` calls."""
+        while not self._closing:
+            handle = self.outbox.pop(timeout=COMPLETION_POLL_S)
+            if handle:
+                self._notify(handle)
+                continue
+            # Safety net: a notification the stub could not push (full queue) is found by polling.
+            for pending in list(self.waiters):
+                message = self.inflight.get(pending)
+                if message is not None and message.wait_reply(0):
+                    self._notify(pending)
 
     def fail_inflight(self) -> None:
         """Wakes every caller still waiting on this stub (it died or is being replaced)."""
@@ -212,5 +254,9 @@ class StubProcess:
         Views handed out earlier stay valid: the mapping lives until its last user goes.
         """
         self.kill()
+        self._closing = True
+        if self._completer is not None:
+            self.outbox.push(0, timeout=0.1)  # wakes the completion thread, which sees _closing
+            self._completer.join(timeout=1.0)
         self._pump.join(timeout=1.0)
         self.pool.close()

@@ -28,6 +28,7 @@ from stubhost.stub.loader import load_model_module
 
 LOG_MARKER = "\x1fSTUBLOG"  # a Logger line on the stub's stderr, parsed by the parent
 WATCHDOG_PERIOD_S = 0.1
+NOTIFY_TIMEOUT_S = 1.0
 
 
 def format_exception(e: BaseException) -> str:
@@ -50,6 +51,7 @@ class StubRuntime:
         self.pool = Pool.attach(spec["pool"])
         self.control = IPCControl.attach(self.pool, spec["control"])
         self.inbox = MessageQueue.attach(self.pool, self.control.stub_message_queue)
+        self.outbox = MessageQueue.attach(self.pool, self.control.parent_message_queue)
         self.instance_name: str = spec.get("instance", "")
         self.parent_pid = int(self.control.parent_pid)
         self.initial_ppid = os.getppid()
@@ -109,6 +111,10 @@ class StubRuntime:
                 handler(message)
             except Exception as e:  # the command failed: the parent gets the reason, the stub goes on
                 self.reply_error(message, format_exception(e))
+            if message.notify:
+                # A parent caller that waits without a thread of its own learns of the reply here
+                # (it also polls, so a full queue only delays it).
+                self.outbox.push(message.handle, timeout=NOTIFY_TIMEOUT_S)
             message.release()
             if command == Command.FINALIZE_REQUEST:
                 self.control.set_health(stub=True, value=False)
