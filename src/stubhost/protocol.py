@@ -34,6 +34,8 @@ from typing import Any
 from stubhost import _core
 from stubhost._core import Pool, RecordKind
 
+LOG_MARKER = "\x1fSTUBLOG"  # starts a pb_utils.Logger line on the stub's stderr, parsed by the parent
+
 REPLY_OK = 0
 REPLY_ERROR = 1
 REPLY_STUB_GONE = 2

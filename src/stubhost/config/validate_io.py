@@ -143,12 +143,7 @@ def _validate_batch_io(cfg: ModelConfig, check: Check) -> None:
     for index, batch_input in enumerate(cfg.batch_input):
         field = f"batch_input[{index}]"
         kind = BatchInput.Kind.Name(batch_input.kind)
-        if len(batch_input.source_input) != 1:
-            check.fail(
-                f"{field}: source_input",
-                f"batch input kind '{kind}' expects 1 source input, got "
-                f"{len(batch_input.source_input)}{suffix}",
-            )
+        _check_one_source("batch input", kind, batch_input.source_input, field, suffix, check)
         if batch_input.data_type not in (DataType.TYPE_INT32, DataType.TYPE_FP32):
             check.fail(
                 f"{field}: data_type", f"batch input data type must be TYPE_INT32 or TYPE_FP32{suffix}"
@@ -157,12 +152,7 @@ def _validate_batch_io(cfg: ModelConfig, check: Check) -> None:
     for index, batch_output in enumerate(cfg.batch_output):
         field = f"batch_output[{index}]"
         kind = BatchOutput.Kind.Name(batch_output.kind)
-        if len(batch_output.source_input) != 1:
-            check.fail(
-                f"{field}: source_input",
-                f"batch output kind '{kind}' expects 1 source input, got "
-                f"{len(batch_output.source_input)}{suffix}",
-            )
+        _check_one_source("batch output", kind, batch_output.source_input, field, suffix, check)
         _check_sources(batch_output.source_input, inputs, f"{field}: source_input", check)
         targets: set[str] = set()
         for target in batch_output.target_name:
@@ -174,6 +164,13 @@ def _validate_batch_io(cfg: ModelConfig, check: Check) -> None:
                     f"target output name '{target}' can only be specified once{suffix}",
                 )
             targets.add(target)
+
+
+def _check_one_source(what: str, kind: str, sources: Sequence[str], field: str, suffix: str,
+                      check: Check) -> None:
+    """Batch inputs and outputs of every kind take exactly one source input."""
+    if len(sources) != 1:
+        check.fail(f"{field}: source_input", f"{what} kind '{kind}' expects 1 source input, got {len(sources)}{suffix}")
 
 
 def _check_sources(sources: Sequence[str], inputs: set[str], field: str, check: Check) -> None:

@@ -19,11 +19,10 @@ from typing import IO, Any
 
 from stubhost import _core
 from stubhost._core import Command, IPCControl, IPCMessage, MessageQueue, Pool
-from stubhost.protocol import REPLY_ERROR, REPLY_OK, REPLY_STUB_GONE, read_payload
+from stubhost.protocol import LOG_MARKER, REPLY_ERROR, REPLY_OK, REPLY_STUB_GONE, read_payload
 
 log = logging.getLogger("stubhost")
 
-LOG_MARKER = "\x1fSTUBLOG"  # must match stubhost.stub.runtime.LOG_MARKER
 QUEUE_CAPACITY = 1024
 DEATH_CHECK_S = 0.1
 COMPLETION_POLL_S = 0.1  # how often the completion thread also polls for replies it was not told of  # how often a waiting caller checks that its stub still lives

@@ -22,11 +22,10 @@ from stubhost.backend_utils import helpers as pb_helpers
 from stubhost.backend_utils.logger import LogLevel, set_log_sink
 from stubhost.backend_utils.model_config import ModelConfig
 from stubhost.backend_utils.response import InferenceResponse
-from stubhost.protocol import REPLY_ERROR, REPLY_OK, read_payload, write_payload
+from stubhost.protocol import LOG_MARKER, REPLY_ERROR, REPLY_OK, read_payload, write_payload
 from stubhost.stub import codec
 from stubhost.stub.loader import load_model_module
 
-LOG_MARKER = "\x1fSTUBLOG"  # a Logger line on the stub's stderr, parsed by the parent
 WATCHDOG_PERIOD_S = 0.1
 NOTIFY_TIMEOUT_S = 1.0
 
