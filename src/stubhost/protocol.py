@@ -21,8 +21,9 @@ dead stub can no longer answer.
 
 Request records: ints ``(flags, correlation_id, timeout_us)``; strings
 ``[request_id, parameters_json, correlation_id_text, *requested_output_names]``; tensors = inputs.
-Response records: status 0 or ``1 + TritonError code``; strings ``[error_message, parameters_json]``;
-tensors = outputs. Requests own nothing of the stub's; response records belong to the parent once
+Response records: status 0 or ``1 + TritonError code``; ints ``(execute_start_ns, execute_end_ns, 0)``
+on the shared CLOCK_MONOTONIC (for statistics; the parent clamps them); strings
+``[error_message, parameters_json]``; tensors = outputs. Requests own nothing of the stub's; response records belong to the parent once
 replied, which frees them when the last numpy view of their outputs goes away.
 """
 
@@ -41,11 +42,33 @@ REPLY_ERROR = 1
 REPLY_STUB_GONE = 2
 
 REQUEST_FIXED_STRINGS = 3  # request_id, parameters, correlation id text; then requested outputs
+# A requested output the stub should write straight into a client's region is named
+# "<name><SEP><region id>:<offset>:<byte_size>"; the model sees only "<name>".
+OUTPUT_DESTINATION_SEP = "\x1f"
 MAX_BATCH_RECORDS = 1 << 16  # bounds a chain walk, so a corrupt chain cannot loop forever
 
 # TRITONSERVER_Error_Code, as pb_utils.TritonError exposes them.
 ERROR_CODE_NAMES = ("UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED",
                     "ALREADY_EXISTS", "CANCELLED")
+
+
+def encode_destination(name: str, region: int, offset: int, byte_size: int) -> str:
+    """The requested-output string for an output bound for a client region."""
+    return f"{name}{OUTPUT_DESTINATION_SEP}{region}:{offset}:{byte_size}"
+
+
+def decode_destination(text: str) -> tuple[str, tuple[int, int, int] | None]:
+    """(name, (region, offset, byte_size) or None) of a requested-output string."""
+    name, sep, where = text.partition(OUTPUT_DESTINATION_SEP)
+    if not sep:
+        return name, None
+    try:
+        region, offset, size = (int(part) for part in where.split(":"))
+    except ValueError:
+        raise ValueError(f"malformed output destination for '{name}'") from None
+    if region < 0 or offset < 0 or size < 0:
+        raise ValueError(f"malformed output destination for '{name}'")
+    return name, (region, offset, size)
 
 
 def error_code_name(code: int) -> str:

@@ -12,7 +12,7 @@ from stubhost.backend_utils.tensor import Tensor
 class InferenceRequest:
     """One inference request: inputs, requested outputs, id, correlation id, flags, parameters."""
 
-    __slots__ = ("_inputs", "_requested_output_names", "_request_id", "_correlation_id", "_flags",
+    __slots__ = ("_inputs", "_requested_output_names", "_request_id", "_correlation_id", "_flags", "_destinations",
                  "_parameters", "_timeout", "_model_name", "_model_version")
 
     def __init__(self, model_name: str = "", inputs: Sequence[Tensor] = (),
@@ -31,6 +31,7 @@ class InferenceRequest:
         self._parameters = parameters_json(parameters)
         self._model_name = str(model_name)
         self._model_version = int(model_version)
+        self._destinations: dict[str, tuple[int, int, int]] | None = None
 
     @classmethod
     def _from_stub(cls, inputs: list[Tensor], requested: list[str], request_id: str, correlation_id: int | str,
@@ -47,6 +48,7 @@ class InferenceRequest:
         r._parameters = parameters
         r._model_name = model_name
         r._model_version = model_version
+        r._destinations = None  # outputs to write into clients' regions: name -> (region, offset, size)
         return r
 
     def inputs(self) -> list[Tensor]:

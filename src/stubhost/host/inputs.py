@@ -15,6 +15,7 @@ import numpy as np
 from stubhost import _core
 from stubhost.config.dtypes import config_dtype_to_triton
 from stubhost.host.errors import InferenceError
+from stubhost.host.regions import RegionDestination, RegionOutput, RegionTensor
 from stubhost.tensor import numpy_to_triton_dtype
 
 _BYTES = int(_core.DataType.BYTES)
@@ -69,7 +70,7 @@ class RequestChecker:
             spec = self.inputs.get(name)
             if spec is None:
                 raise self._error(request_id, f"unexpected inference input '{name}' for model '{self.model_name}'")
-            array = value if isinstance(value, np.ndarray) else np.asarray(value)
+            array = value if isinstance(value, (np.ndarray, RegionTensor)) else np.asarray(value)
             signature = (array.dtype, array.shape)
             if self._passed.get(name) == signature and spec.reshape is None:
                 batch = self._batch(name, array.shape, batch, request_id)
@@ -120,21 +121,28 @@ class RequestChecker:
                                           f"batch size {batch} for model '{self.model_name}'")
         return shape[0]
 
-    def check_outputs(self, outputs: Sequence[str] | None, request_id: str) -> list[str]:
-        """The requested output names, each one known to the model."""
+    def check_outputs(self, outputs: Sequence[str | RegionDestination] | None,
+                      request_id: str) -> list[str | RegionDestination]:
+        """The requested outputs (names, or destinations in client regions), each known to the model."""
         if not outputs:
             return []
-        names = [str(n) for n in outputs]
-        for name in names:
+        requested = [o if isinstance(o, RegionDestination) else str(o) for o in outputs]
+        for entry in requested:
+            name = entry.name if isinstance(entry, RegionDestination) else entry
             if name not in self.outputs:
                 raise self._error(request_id, f"unexpected inference output '{name}' for model "
                                               f"'{self.model_name}'")
-        return names
+        return requested
 
-    def check_result(self, result: list[tuple[str, int, np.ndarray]], request_id: str) -> dict[str, np.ndarray]:
-        """The outputs as a dict; an output of another dtype than configured is the model's error."""
-        out: dict[str, np.ndarray] = {}
+    def check_result(self, result: list[tuple[str, int, Any]],
+                     request_id: str) -> dict[str, np.ndarray | RegionOutput]:
+        """The outputs as a dict; an output of another dtype than configured is the model's error.
+        An output the stub placed in a client region comes as a RegionOutput."""
+        out: dict[str, np.ndarray | RegionOutput] = {}
         for name, dtype, array in result:
+            if type(array) is tuple:  # described, not viewed: it lies in a client region
+                region, offset, size, shape = array
+                array = RegionOutput(region, offset, size, tuple(shape), dtype)
             spec = self.outputs.get(name)
             if spec is not None and spec.dtype != dtype:
                 raise InferenceError("INTERNAL", f"[request id: {request_id or '<id_unknown>'}] output '{name}' of "

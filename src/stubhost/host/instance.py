@@ -16,20 +16,43 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from stubhost import _core
 from stubhost._core import Command, IPCMessage, RecordKind
 from stubhost.host.errors import InferenceError
+from stubhost.host.regions import RegionDestination, RegionTensor
 from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
-from stubhost.protocol import REPLY_ERROR, REPLY_OK, REPLY_STUB_GONE, error_code_name, read_payload, write_payload
+from stubhost.protocol import (
+    REPLY_ERROR,
+    REPLY_OK,
+    REPLY_STUB_GONE,
+    encode_destination,
+    error_code_name,
+    read_payload,
+    write_payload,
+)
 
 log = logging.getLogger("stubhost")
 
 _REQUEST = int(RecordKind.REQUEST)
 _RESPONSE = int(RecordKind.RESPONSE)
+
+
+class ExecuteResult(NamedTuple):
+    """What one request's response record held, and when it was sent and executed.
+
+    ``outputs`` are (name, dtype, array) with arrays viewing the pool; the instants are
+    CLOCK_MONOTONIC nanoseconds, ``exec_start``/``exec_end`` as the stub reported them.
+    """
+
+    outputs: list[tuple[str, int, np.ndarray]]
+    parameters: str
+    sent: int
+    exec_start: int
+    exec_end: int
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -260,20 +283,21 @@ class ModelInstance:
                 raise InferenceError("UNAVAILABLE", f"Stub process '{self.name}' is not healthy.")
         return self.process
 
-    def execute(self, tensors: list[tuple[str, np.ndarray, int]], outputs: list[str], request_id: str,
+    def execute(self, tensors: list[tuple[str, np.ndarray, int]], outputs: list[str | RegionDestination], request_id: str,
                 parameters: str, correlation_id: int | str, flags: int,
-                timeout: float | None) -> list[tuple[str, int, np.ndarray]]:
-        """Runs one request; returns [(name, dtype, array)] whose arrays are views of the pool."""
+                timeout: float | None) -> ExecuteResult:
+        """Runs one request; its output arrays are views of the pool."""
         process = self._wait_ready(timeout)
         message, record = self._send(process, tensors, outputs, request_id, parameters, correlation_id, flags,
                                      timeout, None)
+        sent = time.monotonic_ns()
         if not process.wait(message, timeout):
             raise self._timed_out(process, message, record, timeout)
-        return self._finish(process, message, record)
+        return self._finish(process, message, record, sent)
 
-    async def execute_async(self, tensors: list[tuple[str, np.ndarray, int]], outputs: list[str], request_id: str,
+    async def execute_async(self, tensors: list[tuple[str, np.ndarray, int]], outputs: list[str | RegionDestination], request_id: str,
                             parameters: str, correlation_id: int | str, flags: int,
-                            timeout: float | None) -> list[tuple[str, int, np.ndarray]]:
+                            timeout: float | None) -> ExecuteResult:
         """``execute`` for asyncio: no thread waits; the stub process's completion thread wakes
         the caller's event loop when the reply is in."""
         loop = asyncio.get_running_loop()
@@ -290,6 +314,7 @@ class ModelInstance:
 
         message, record = self._send(process, tensors, outputs, request_id, parameters, correlation_id, flags,
                                      timeout, on_reply)
+        sent = time.monotonic_ns()
         try:
             await asyncio.wait_for(done, timeout)
         except asyncio.TimeoutError:
@@ -297,18 +322,25 @@ class ModelInstance:
         except asyncio.CancelledError:
             process.abandon(message, record)  # the caller went away: the stub's answer is reaped later
             raise
-        return self._finish(process, message, record)
+        return self._finish(process, message, record, sent)
 
-    def _send(self, process: StubProcess, tensors: list[tuple[str, np.ndarray, int]], outputs: list[str],
+    def _send(self, process: StubProcess, tensors: list[tuple[str, np.ndarray, int]],
+              outputs: list[str | RegionDestination],
               request_id: str, parameters: str, correlation_id: int | str, flags: int, timeout: float | None,
               on_reply: Callable[[], None] | None) -> tuple[IPCMessage, int]:
         """Writes the request record and queues its Execute message."""
         pool = process.pool
         corr_int, corr_text = (correlation_id, "") if isinstance(correlation_id, int) else (0, correlation_id)
         timeout_us = int(timeout * 1e6) if timeout is not None else 0
+        entries: list[tuple[Any, ...]] = tensors  # type: ignore[assignment]
+        if any(type(t[1]) is RegionTensor for t in tensors):
+            entries = [self._region_entry(process, t) if type(t[1]) is RegionTensor else t for t in tensors]
+        names: list[str] = outputs  # type: ignore[assignment]
+        if any(type(o) is RegionDestination for o in outputs):
+            names = [self._destination(process, o) if type(o) is RegionDestination else o for o in outputs]
         try:
             record = _core.write_record(pool, _REQUEST, 0, (flags, corr_int, timeout_us),
-                                        (request_id, parameters, corr_text, *outputs), tensors)
+                                        (request_id, parameters, corr_text, *names), entries)
         except (_core.PoolFullError, _core.LockTimeoutError, _core.ShmError, _core.ShmSpaceError) as e:
             raise InferenceError("UNAVAILABLE", f"no room for the request in the shared memory of instance "
                                                 f"'{self.name}': {e}") from None
@@ -319,6 +351,28 @@ class ModelInstance:
         except (TimeoutError, _core.CoreError) as e:
             pool.free(record)
             raise InferenceError("UNAVAILABLE", f"cannot send the request to instance '{self.name}': {e}") from None
+
+    @staticmethod
+    def _region_entry(process: StubProcess, tensor: tuple[str, Any, int]) -> tuple[Any, ...]:
+        """The record entry of an input in a client region: named, not copied, once the stub
+        has been asked to map the region (ahead of this request in its queue)."""
+        name, value, dtype = tensor
+        try:
+            process.map_region(value.region)
+        except (TimeoutError, _core.CoreError) as e:
+            raise InferenceError("UNAVAILABLE", f"cannot send input '{name}' to instance "
+                                                f"'{process.instance_name}': {e}") from None
+        return (name, value.shape, dtype, value.region.id, value.offset, value.byte_size)
+
+    @staticmethod
+    def _destination(process: StubProcess, output: RegionDestination) -> str:
+        """The requested-output string of an output the stub writes into a client region."""
+        try:
+            process.map_region(output.region)
+        except (TimeoutError, _core.CoreError) as e:
+            raise InferenceError("UNAVAILABLE", f"cannot send output '{output.name}' to instance "
+                                                f"'{process.instance_name}': {e}") from None
+        return encode_destination(output.name, output.region.id, output.offset, output.byte_size)
 
     def _timed_out(self, process: StubProcess, message: IPCMessage, record: int,
                    timeout: float | None) -> InferenceError:
@@ -332,7 +386,7 @@ class ModelInstance:
         return InferenceError("UNAVAILABLE", f"Request timeout expired: instance '{self.name}' did not answer "
                                              f"within {timeout} s")
 
-    def _finish(self, process: StubProcess, message: IPCMessage, record: int) -> list[tuple[str, int, np.ndarray]]:
+    def _finish(self, process: StubProcess, message: IPCMessage, record: int, sent: int) -> ExecuteResult:
         """Reads an answered request's outcome and frees what it no longer needs."""
         pool = process.pool
         status, reply = process.finish(message)
@@ -350,7 +404,7 @@ class ModelInstance:
         if status != REPLY_OK:
             raise InferenceError("INTERNAL", f"instance '{self.name}' answered with unknown status {status}")
         try:
-            kind, code, _, next_record, strings, result = _core.read_record(pool, reply, lease=True)
+            kind, code, times, next_record, strings, result = _core.read_record(pool, reply, lease=True)
             if next_record:
                 _core.free_record_chain(pool, next_record)  # one request, one response: extras are dropped
             if kind != _RESPONSE:
@@ -359,4 +413,4 @@ class ModelInstance:
             raise InferenceError("INTERNAL", f"instance '{self.name}' sent a malformed response: {e}") from None
         if code:
             raise InferenceError(error_code_name(code - 1), strings[0] if strings else "")
-        return result
+        return ExecuteResult(result, strings[1] if len(strings) > 1 else "{}", sent, times[0], times[1])

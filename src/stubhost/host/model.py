@@ -8,12 +8,14 @@ start and initialize every instance of every version the version policy selects.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import shutil
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,8 +40,17 @@ from stubhost.config import (
 from stubhost.config.model_config_pb2 import ModelInstanceGroup
 from stubhost.host.errors import InferenceError
 from stubhost.host.inputs import RequestChecker
-from stubhost.host.instance import InstanceSpec, InstanceState, ModelInstance, RestartPolicy, load_error
+from stubhost.host.instance import (
+    ExecuteResult,
+    InstanceSpec,
+    InstanceState,
+    ModelInstance,
+    RestartPolicy,
+    load_error,
+)
 from stubhost.host.repository import ModelDir, model_file
+from stubhost.host.result import InferResponse
+from stubhost.host.stats import ModelStatistics
 from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
 from stubhost.protocol import write_payload
 
@@ -110,6 +121,7 @@ class LoadedModel:
         self.versions = versions
         self.latest = max(versions)
         self.checker = RequestChecker(name, self.config_dict)
+        self.stats = ModelStatistics()
 
     # ---- loading ---------------------------------------------------------------------------------
     @classmethod
@@ -230,33 +242,71 @@ class LoadedModel:
         return version
 
     def _route(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, model_version: str | int,
-               request_id: str) -> tuple[ModelInstance, list[tuple[str, np.ndarray, int]], list[str]]:
+               request_id: str) -> tuple[int, ModelInstance, list[tuple[str, np.ndarray, int]], list[str]]:
         """Validates a request and picks the least busy READY instance of its version."""
-        group = self.versions[self.resolve_version(model_version)]
+        version = self.resolve_version(model_version)
+        group = self.versions[version]
         tensors = self.checker.check_inputs(inputs, request_id)
         requested = self.checker.check_outputs(outputs, request_id)
         instance = group[0]
         if len(group) > 1:
             ready = [i for i in group if i.state is InstanceState.READY] or group
             instance = min(ready, key=ModelInstance.load_count)
-        return instance, tensors, requested
+        return version, instance, tensors, requested
+
+    def _response(self, version: int, tensors: list[tuple[str, np.ndarray, int]], result: ExecuteResult,
+                  begin: int, request_id: str) -> InferResponse:
+        """Checks a response, records its statistics, and wraps it for the caller."""
+        outputs = self.checker.check_result(result.outputs, request_id)
+        parameters: dict[str, Any] = {}
+        if result.parameters != "{}":
+            try:
+                parameters = json.loads(result.parameters)
+            except ValueError:
+                parameters = None  # type: ignore[assignment]
+            if not isinstance(parameters, dict):
+                raise InferenceError("INTERNAL", f"[request id: {request_id or '<id_unknown>'}] model "
+                                                 f"'{self.name}' sent response parameters that are not a JSON object")
+        batch = int(tensors[0][1].shape[0]) if self.config.max_batch_size > 0 and tensors else 1
+        self.stats.record_success(version, batch, begin, result.sent, result.exec_start, result.exec_end,
+                                  time.monotonic_ns())
+        return InferResponse(outputs, parameters, version)
 
     def infer(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, model_version: str | int,
               parameters: str, request_id: str, timeout: float | None, correlation_id: int | str,
-              flags: int) -> dict[str, np.ndarray]:
-        """Validates, routes to the least busy READY instance, and returns the outputs."""
-        instance, tensors, requested = self._route(inputs, outputs, model_version, request_id)
-        result = instance.execute(tensors, requested, request_id, parameters, correlation_id, flags, timeout)
-        return self.checker.check_result(result, request_id)
+              flags: int) -> InferResponse:
+        """Validates, routes to the least busy READY instance, and returns the response."""
+        begin = time.monotonic_ns()
+        version: int | None = None
+        try:
+            version, instance, tensors, requested = self._route(inputs, outputs, model_version, request_id)
+            result = instance.execute(tensors, requested, request_id, parameters, correlation_id, flags, timeout)
+            return self._response(version, tensors, result, begin, request_id)
+        except InferenceError:
+            if version is not None:  # a request for an unknown version has no statistics to count in
+                self.stats.record_failure(version, begin, time.monotonic_ns())
+            raise
 
     async def infer_async(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, model_version: str | int,
                           parameters: str, request_id: str, timeout: float | None, correlation_id: int | str,
-                          flags: int) -> dict[str, np.ndarray]:
+                          flags: int) -> InferResponse:
         """``infer`` for asyncio callers (no thread waits for the reply)."""
-        instance, tensors, requested = self._route(inputs, outputs, model_version, request_id)
-        result = await instance.execute_async(tensors, requested, request_id, parameters, correlation_id, flags,
-                                              timeout)
-        return self.checker.check_result(result, request_id)
+        begin = time.monotonic_ns()
+        version: int | None = None
+        try:
+            version, instance, tensors, requested = self._route(inputs, outputs, model_version, request_id)
+            result = await instance.execute_async(tensors, requested, request_id, parameters, correlation_id, flags,
+                                                  timeout)
+            return self._response(version, tensors, result, begin, request_id)
+        except InferenceError:
+            if version is not None:  # a request for an unknown version has no statistics to count in
+                self.stats.record_failure(version, begin, time.monotonic_ns())
+            raise
+
+    def statistics(self, version: str | int = "") -> list[dict[str, Any]]:
+        """Triton's ``model_stats`` entries: one per loaded version, or the one asked for."""
+        versions = sorted(self.versions) if version in ("", None) else [self.resolve_version(version)]
+        return self.stats.snapshot(self.name, versions)
 
     def check_health(self) -> None:
         """One health-monitor pass over the instances."""

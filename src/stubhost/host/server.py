@@ -30,11 +30,13 @@ from typing import Any
 
 import numpy as np
 
+from stubhost._core import CoreError
 from stubhost.config.dtypes import config_dtype_to_triton
 from stubhost.host.errors import InferenceError
 from stubhost.host.instance import RestartPolicy
 from stubhost.host.model import LoadedModel, LoadOptions
 from stubhost.host.repository import scan_repository
+from stubhost.host.result import InferResponse
 
 log = logging.getLogger("stubhost")
 
@@ -163,6 +165,21 @@ class Server:
         with self._lock:
             return all(name in self._models and self._models[name].ready() for name in self._expected)
 
+    def forget_region(self, region_id: int) -> None:
+        """Tells every stub to drop its mapping of a client region (the client unregistered it);
+        requests already queued still read it."""
+        for model in list(self._models.values()):
+            for instance in model.instances():
+                try:
+                    instance.process.unmap_region(region_id)
+                except (TimeoutError, CoreError) as e:
+                    log.warning("instance '%s' could not be told to unmap a client region: %s", instance.name, e)
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` has begun."""
+        return self._closed.is_set()
+
     def models(self) -> list[str]:
         """Names of the loaded models."""
         return sorted(self._models)
@@ -202,7 +219,8 @@ class Server:
         and its instance, now considered hung, is replaced.
         """
         model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
-        return model.infer(inputs, outputs, model_version, params, request_id, timeout, correlation_id, flags)
+        return model.infer(inputs, outputs, model_version, params, request_id, timeout, correlation_id,
+                           flags).outputs
 
     async def infer_async(self, name: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
                           model_version: str | int = "", parameters: Mapping[str, Any] | None = None,
@@ -211,8 +229,37 @@ class Server:
         """``infer`` for asyncio callers: no thread waits for the reply (each stub's completion
         thread wakes the event loop), so thousands of requests may be awaited at once."""
         model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
+        response = await model.infer_async(inputs, outputs, model_version, params, request_id, timeout,
+                                           correlation_id, flags)
+        return response.outputs
+
+    def infer_response(self, name: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
+                       model_version: str | int = "", parameters: Mapping[str, Any] | None = None,
+                       request_id: str = "", timeout: float | None = None, correlation_id: int | str = 0,
+                       flags: int = 0) -> InferResponse:
+        """``infer``, returning the whole response: outputs, the model's response parameters and
+        the version that answered."""
+        model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
+        return model.infer(inputs, outputs, model_version, params, request_id, timeout, correlation_id, flags)
+
+    async def infer_response_async(self, name: str, inputs: Mapping[str, Any], *,
+                                   outputs: Sequence[str] | None = None, model_version: str | int = "",
+                                   parameters: Mapping[str, Any] | None = None, request_id: str = "",
+                                   timeout: float | None = None, correlation_id: int | str = 0,
+                                   flags: int = 0) -> InferResponse:
+        """``infer_response`` for asyncio callers."""
+        model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
         return await model.infer_async(inputs, outputs, model_version, params, request_id, timeout,
                                        correlation_id, flags)
+
+    def statistics(self, name: str = "", version: str | int = "") -> dict[str, Any]:
+        """Triton's statistics-extension answer: ``{"model_stats": [...]}`` for one model (and
+        version) or, with no name, for every loaded model."""
+        if name:
+            entries = self._model(name).statistics(version)
+        else:
+            entries = [e for model in list(self._models.values()) for e in model.statistics()]
+        return {"model_stats": entries}
 
     def _prepare(self, name: str, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
                  parameters: Mapping[str, Any] | None, timeout: float | None, correlation_id: int | str,

@@ -19,13 +19,15 @@ from typing import IO, Any
 
 from stubhost import _core
 from stubhost._core import Command, IPCControl, IPCMessage, MessageQueue, Pool
-from stubhost.protocol import LOG_MARKER, REPLY_ERROR, REPLY_OK, REPLY_STUB_GONE, read_payload
+from stubhost.host.regions import ClientRegion
+from stubhost.protocol import LOG_MARKER, REPLY_ERROR, REPLY_OK, REPLY_STUB_GONE, read_payload, write_payload
 
 log = logging.getLogger("stubhost")
 
 QUEUE_CAPACITY = 1024
-DEATH_CHECK_S = 0.1
-COMPLETION_POLL_S = 0.1  # how often the completion thread also polls for replies it was not told of  # how often a waiting caller checks that its stub still lives
+DEATH_CHECK_S = 0.1      # how often a waiting caller checks that its stub still lives
+COMPLETION_POLL_S = 0.1  # how often the completion thread also polls for replies it was not told of
+PUSH_TIMEOUT_S = 5.0     # how long a command that nobody waits for may wait for room in the queue
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 
 
@@ -55,6 +57,8 @@ class StubProcess:
         self._completer: threading.Thread | None = None
         self._completer_lock = threading.Lock()
         self._closing = False
+        self._regions: set[int] = set()  # ids of the client regions this stub was asked to map
+        self._regions_lock = threading.Lock()
         try:
             self.control = IPCControl.create(self.pool)
             self.inbox = MessageQueue.create(self.pool, QUEUE_CAPACITY)
@@ -172,6 +176,36 @@ class StubProcess:
             if deadline is not None and time.monotonic() >= deadline:
                 return False
 
+    def map_region(self, region: ClientRegion) -> None:
+        """Asks the stub to map a client's region, once. Not waited for: the command is queued
+        ahead of every Execute that names the region, and a stub that cannot map it fails those."""
+        if region.id in self._regions:
+            return
+        with self._regions_lock:  # SYNC: a second caller must not queue its Execute before this map
+            if region.id in self._regions:
+                return
+            self._send_unwaited(Command.REGION_MAP, {"id": region.id, "key": region.key, "offset": region.offset,
+                                                     "byte_size": region.byte_size})
+            self._regions.add(region.id)
+
+    def unmap_region(self, region_id: int) -> None:
+        """Tells the stub to drop a region's mapping (requests already queued still see it)."""
+        with self._regions_lock:
+            if region_id not in self._regions:
+                return
+            self._regions.discard(region_id)
+            if not self.dead:
+                self._send_unwaited(Command.REGION_UNMAP, {"id": region_id})
+
+    def _send_unwaited(self, command: Command, payload: dict[str, Any]) -> None:
+        args = write_payload(self.pool, payload)
+        try:
+            message = self.submit(command, args, PUSH_TIMEOUT_S)
+        except BaseException:
+            self.pool.free(args)
+            raise
+        self.abandon(message, 0)  # the stub frees the payload when it reads it; reap() frees the answer
+
     def abandon(self, message: IPCMessage, record: int) -> None:
         """Gives up on a message the stub may still answer: the caller is told, and ``reap``
         frees its request record and the reply once the stub is done with them."""
@@ -190,6 +224,14 @@ class StubProcess:
             message.release()
             if status == REPLY_STUB_GONE:
                 continue  # the pool goes with the stub
+            if status == REPLY_ERROR and reply:
+                try:
+                    payload = read_payload(self.pool, reply)  # frees the reply
+                    log.warning("stub '%s' failed a command nobody waited for: %s", self.instance_name,
+                                payload.get("message", "") if isinstance(payload, dict) else payload)
+                except (_core.CoreError, ValueError):
+                    pass
+                reply = 0
             try:
                 if record:
                     self.pool.free(record)

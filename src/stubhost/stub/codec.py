@@ -5,56 +5,119 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Sequence
 
+import numpy as np
+
 from stubhost import _core
 from stubhost._core import Pool, RecordKind
 from stubhost.backend_utils.request import InferenceRequest
 from stubhost.backend_utils.response import InferenceResponse
 from stubhost.backend_utils.tensor import Tensor
-from stubhost.protocol import MAX_BATCH_RECORDS, REQUEST_FIXED_STRINGS
+from stubhost.protocol import MAX_BATCH_RECORDS, OUTPUT_DESTINATION_SEP, REQUEST_FIXED_STRINGS, decode_destination
 
 _RESPONSE = int(RecordKind.RESPONSE)
 _INTERNAL = 1  # TritonError.INTERNAL
+_INVALID_ARG = 3  # TritonError.INVALID_ARG
+_BYTES = int(_core.DataType.BYTES)
 
 
-def read_requests(pool: Pool, first: int, model_name: str, model_version: int) -> list[InferenceRequest]:
-    """The requests of an Execute chain; their tensors are views of the parent's records."""
+def read_requests(pool: Pool, first: int, model_name: str, model_version: int,
+                  regions: dict[int, memoryview] | None = None) -> list[InferenceRequest]:
+    """The requests of an Execute chain; their tensors are views of the parent's records (or of
+    the client regions in `regions`, by id)."""
     requests: list[InferenceRequest] = []
     handle = first
     while handle:
         if len(requests) >= MAX_BATCH_RECORDS:
             raise _core.FormatError("request chain is longer than any batch can be")
-        _, _, ints, handle, strings, tensors = _core.read_record(pool, handle)
+        _, _, ints, handle, strings, tensors = _core.read_record(pool, handle, regions=regions or None)
         if len(strings) < REQUEST_FIXED_STRINGS:
             raise _core.FormatError("request record lacks its fixed strings")
         inputs = [Tensor._wrap(name, dtype, array) for name, dtype, array in tensors]
         correlation: int | str = strings[2] if strings[2] else ints[1]
-        requests.append(InferenceRequest._from_stub(
-            inputs, strings[REQUEST_FIXED_STRINGS:], strings[0], correlation, ints[0], ints[2],
-            strings[1] or "{}", model_name, model_version))
+        requested = strings[REQUEST_FIXED_STRINGS:]
+        destinations = None
+        if any(OUTPUT_DESTINATION_SEP in s for s in requested):
+            destinations = {}
+            names = []
+            for text in requested:
+                name, where = decode_destination(text)
+                names.append(name)
+                if where is not None:
+                    destinations[name] = where
+            requested = names
+        request = InferenceRequest._from_stub(inputs, requested, strings[0], correlation, ints[0], ints[2],
+                                              strings[1] or "{}", model_name, model_version)
+        request._destinations = destinations
+        requests.append(request)
     return requests
 
 
-def write_error(pool: Pool, message: str, code: int = _INTERNAL, next_handle: int = 0) -> int:
+def write_error(pool: Pool, message: str, code: int = _INTERNAL, next_handle: int = 0,
+                times: tuple[int, int, int] = (0, 0, 0)) -> int:
     """One response record that fails its request with `message`."""
-    return _core.write_record(pool, _RESPONSE, 1 + code, (0, 0, 0), (message, "{}"), (), next_handle)
+    return _core.write_record(pool, _RESPONSE, 1 + code, times, (message, "{}"), (), next_handle)
 
 
-def write_response(pool: Pool, request: InferenceRequest, response: InferenceResponse, next_handle: int) -> int:
-    """The record of one response; outputs the caller did not ask for are dropped."""
+def _place(tensor: Tensor, where: tuple[int, int, int], targets: dict[int, memoryview]) -> tuple[object, ...]:
+    """Writes an output into the client region the caller named (its one copy) and returns the
+    record entry that describes it there."""
+    region, offset, size = where
+    target = targets.get(region)
+    if target is None or offset > len(target) or size > len(target) - offset:
+        raise ValueError(f"output '{tensor._name}' names a client region that is not mapped")
+    array = tensor._array
+    if tensor._dtype == _BYTES:
+        items = array.ravel()
+        nbytes = _core.encoded_bytes_size(items)
+    else:
+        array = np.ascontiguousarray(array)
+        nbytes = array.nbytes
+    if nbytes > size:
+        raise _TooSmall(f"shared memory size specified with the request for output '{tensor._name}' ({size} "
+                        f"bytes) should be at least {nbytes} bytes to hold the results")
+    window = target[offset:offset + nbytes]
+    if tensor._dtype == _BYTES:
+        _core.encode_bytes_into(window, items)
+    elif nbytes:
+        window[:] = memoryview(array).cast("B")
+    return (tensor._name, array.shape, tensor._dtype, region, offset, nbytes)
+
+
+class _TooSmall(ValueError):
+    """A client region cannot hold an output (the client's mistake: INVALID_ARG)."""
+
+
+def write_response(pool: Pool, request: InferenceRequest, response: InferenceResponse, next_handle: int,
+                   times: tuple[int, int, int] = (0, 0, 0), targets: dict[int, memoryview] | None = None) -> int:
+    """The record of one response; outputs the caller did not ask for are dropped, outputs bound
+    for a client region are written there. `times` are the record's ints: (execute start,
+    execute end, 0) in CLOCK_MONOTONIC nanoseconds."""
     error = response.error()
     if error is not None:
-        return _core.write_record(pool, _RESPONSE, 1 + error.code(), (0, 0, 0), (error.message(), "{}"), (),
+        return _core.write_record(pool, _RESPONSE, 1 + error.code(), times, (error.message(), "{}"), (),
                                   next_handle)
     requested = request.requested_output_names()
     outputs = response.output_tensors()
     if requested:
         outputs = [t for t in outputs if t._name in requested]
-    tensors = [(t._name, t._array, t._dtype) for t in outputs]
+    destinations = request._destinations
     try:
-        return _core.write_record(pool, _RESPONSE, 0, (0, 0, 0), ("", response.parameters()), tensors, next_handle)
+        if destinations:
+            tensors: list[tuple[object, ...]] = [
+                _place(t, destinations[t._name], targets or {}) if t._name in destinations else
+                (t._name, t._array, t._dtype) for t in outputs]
+        else:
+            tensors = [(t._name, t._array, t._dtype) for t in outputs]
+    except _TooSmall as e:
+        return write_error(pool, str(e), _INVALID_ARG, next_handle, times)
     except (_core.CoreError, TypeError, ValueError) as e:
         return write_error(pool, f"failed to send the response of request '{request.request_id()}': {e}",
-                           next_handle=next_handle)
+                           next_handle=next_handle, times=times)
+    try:
+        return _core.write_record(pool, _RESPONSE, 0, times, ("", response.parameters()), tensors, next_handle)
+    except (_core.CoreError, TypeError, ValueError) as e:
+        return write_error(pool, f"failed to send the response of request '{request.request_id()}': {e}",
+                           next_handle=next_handle, times=times)
 
 
 def _chain(pool: Pool, writers: Iterable[Callable[[int], int]]) -> int:
@@ -71,12 +134,16 @@ def _chain(pool: Pool, writers: Iterable[Callable[[int], int]]) -> int:
     return handle
 
 
-def write_responses(pool: Pool, requests: Sequence[InferenceRequest], responses: Sequence[InferenceResponse]) -> int:
+def write_responses(pool: Pool, requests: Sequence[InferenceRequest], responses: Sequence[InferenceResponse],
+                    times: tuple[int, int, int] = (0, 0, 0), targets: dict[int, memoryview] | None = None) -> int:
     """Writes one record per request, chained in request order; returns the first handle."""
-    return _chain(pool, (functools.partial(write_response, pool, request, response)
+    if len(requests) == 1:  # the common case, without the chain machinery
+        return write_response(pool, requests[0], responses[0], 0, times, targets)
+    return _chain(pool, (functools.partial(write_response, pool, request, response, times=times, targets=targets)
                          for request, response in zip(reversed(requests), reversed(responses))))
 
 
-def write_errors(pool: Pool, count: int, message: str, code: int = _INTERNAL) -> int:
+def write_errors(pool: Pool, count: int, message: str, code: int = _INTERNAL,
+                 times: tuple[int, int, int] = (0, 0, 0)) -> int:
     """`count` chained records that all fail with the same message (a failed execute)."""
-    return _chain(pool, (functools.partial(write_error, pool, message, code) for _ in range(count)))
+    return _chain(pool, (functools.partial(write_error, pool, message, code, times=times) for _ in range(count)))

@@ -8,13 +8,17 @@ left in /dev/shm even after a SIGKILL of the parent.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from types import ModuleType
 from typing import Any
+
+import _posixshmem  # CPython's shm_open binding (what multiprocessing.shared_memory uses)
 
 from stubhost import _core
 from stubhost._core import Command, IPCControl, IPCMessage, MessageQueue, Pool
@@ -58,6 +62,8 @@ class StubRuntime:
         self.model: Any = None
         self.model_name = ""
         self.model_version = 0
+        self.regions: dict[int, memoryview] = {}  # client regions by id, read-only views for inputs
+        self.targets: dict[int, memoryview] = {}  # the same regions, writable, for outputs placed there
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def parent_alive(self) -> bool:
@@ -93,6 +99,8 @@ class StubRuntime:
             Command.AUTO_COMPLETE_REQUEST: self.on_auto_complete,
             Command.FINALIZE_REQUEST: self.on_finalize,
             Command.PING: self.on_ping,
+            Command.REGION_MAP: self.on_region_map,
+            Command.REGION_UNMAP: self.on_region_unmap,
         }
         while True:
             handle = self.inbox.pop(timeout=1.0)
@@ -175,16 +183,42 @@ class StubRuntime:
         ready = self.model is not None and (not callable(is_ready) or is_ready() is True)
         message.reply(REPLY_OK, write_payload(self.pool, {"ready": ready}))
 
+    def on_region_map(self, message: IPCMessage) -> None:
+        """Maps a client's system shared-memory region: models read inputs there in place (through
+        read-only views) and outputs the client placed there are written into it once."""
+        payload = read_payload(self.pool, message.args)
+        offset, size = int(payload["offset"]), int(payload["byte_size"])
+        fd = _posixshmem.shm_open(str(payload["key"]), os.O_RDWR, 0)
+        try:
+            start = offset - offset % mmap.ALLOCATIONGRANULARITY
+            mapped = mmap.mmap(fd, offset - start + size, mmap.MAP_SHARED, offset=start)
+        finally:
+            os.close(fd)
+        window = memoryview(mapped)[offset - start:]  # views keep the mapping alive
+        self.targets[int(payload["id"])] = window
+        self.regions[int(payload["id"])] = window.toreadonly()
+        message.reply(REPLY_OK, 0)
+
+    def on_region_unmap(self, message: IPCMessage) -> None:
+        """Forgets a region; arrays a model still holds keep their mapping alive."""
+        payload = read_payload(self.pool, message.args)
+        self.regions.pop(int(payload["id"]), None)
+        self.targets.pop(int(payload["id"]), None)
+        message.reply(REPLY_OK, 0)
+
     def on_execute(self, message: IPCMessage) -> None:
-        requests = codec.read_requests(self.pool, message.args, self.model_name, self.model_version)
+        requests = codec.read_requests(self.pool, message.args, self.model_name, self.model_version, self.regions)
+        start = time.monotonic_ns()
         try:
             result = self.model.execute(requests)
             responses = self.check_responses(result, len(requests))
         except Exception as e:
             text = f"Failed to process the request(s) for model instance '{self.instance_name}', message: "
-            first = codec.write_errors(self.pool, len(requests), text + format_exception(e))
+            first = codec.write_errors(self.pool, len(requests), text + format_exception(e),
+                                       times=(start, time.monotonic_ns(), 0))
         else:
-            first = codec.write_responses(self.pool, requests, responses)
+            first = codec.write_responses(self.pool, requests, responses, (start, time.monotonic_ns(), 0),
+                                          self.targets)
         message.reply(REPLY_OK, first)
 
     @staticmethod

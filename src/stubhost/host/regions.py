@@ -1,0 +1,82 @@
+"""Inputs that stay in a client's system shared-memory region: zero-copy into the stub.
+
+The front end hands the host a :class:`RegionTensor` instead of an array for an input that lives
+in a registered region. The request record then names the region and the offset instead of
+carrying the bytes; each stub maps a region once (``REGION_MAP``, by the region's id, before the
+first Execute that uses it) and drops the mapping when the client unregisters it
+(``REGION_UNMAP``). The stub maps regions read-only: a model cannot write into a client's input.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ClientRegion:
+    """A registered region as a stub opens it: ``byte_size`` bytes at ``offset`` in the POSIX shm
+    object ``key``; ``id`` is unique per registration."""
+
+    id: int
+    key: str
+    offset: int
+    byte_size: int
+
+
+class RegionTensor:
+    """An input tensor whose bytes are ``byte_size`` bytes at ``offset`` in ``region``.
+
+    Duck-types the parts of an array that request checking reads (``dtype``, ``shape``,
+    ``reshape``). The parent never reads the bytes: only the stub does, through its mapping.
+    """
+
+    __slots__ = ("region", "offset", "byte_size", "dtype", "shape")
+
+    def __init__(self, region: ClientRegion, offset: int, byte_size: int, dtype: Any,
+                 shape: tuple[int, ...]) -> None:
+        self.region = region
+        self.offset = offset
+        self.byte_size = byte_size
+        self.dtype = np.dtype(dtype)
+        self.shape = tuple(int(d) for d in shape)
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    def reshape(self, shape: tuple[int, ...]) -> RegionTensor:
+        """The same bytes seen with another shape of the same element count."""
+        if math.prod(shape) != math.prod(self.shape):
+            raise ValueError(f"cannot reshape {self.shape} to {tuple(shape)}")
+        return RegionTensor(self.region, self.offset, self.byte_size, self.dtype, tuple(shape))
+
+    def __repr__(self) -> str:
+        return (f"RegionTensor(region={self.region.id}, offset={self.offset}, byte_size={self.byte_size}, "
+                f"dtype={self.dtype}, shape={self.shape})")
+
+
+@dataclass(frozen=True)
+class RegionDestination:
+    """A requested output the stub should write straight into ``byte_size`` bytes at ``offset``
+    in ``region`` (its one copy), instead of returning it through the pool."""
+
+    name: str
+    region: ClientRegion
+    offset: int
+    byte_size: int
+
+
+@dataclass(frozen=True)
+class RegionOutput:
+    """An output the stub wrote into a client's region: where, and what it holds."""
+
+    region_id: int
+    offset: int
+    byte_size: int
+    shape: tuple[int, ...]
+    dtype: int
