@@ -105,6 +105,8 @@ void bind_ipc(py::module_& m) {
       .value("MEMORY_RELEASE", Command::kMemoryRelease)
       .value("PING", Command::kPing)
       .value("SHUTDOWN", Command::kShutdown)
+      .value("REGION_MAP", Command::kRegionMap)
+      .value("REGION_UNMAP", Command::kRegionUnmap)
       .finalize();
 
   py::class_<IPCMessage>(m, "IPCMessage", "One protocol message: command, args handle, inline-reply slot.")

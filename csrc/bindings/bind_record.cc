@@ -9,6 +9,7 @@
 
 #include "bindings/bindings.h"
 #include "common/errors.h"
+#include "common/text.h"
 #include "ipc/infer_record.h"
 #include "tensor/bytes_codec.h"
 #include "tensor/dtype.h"
@@ -89,9 +90,30 @@ struct TensorInputs {
   std::vector<RecordTensorSource> sources;
 };
 
+/// An external tensor: (name, shape, dtype, region, region_offset, byte_size); its data stays in
+/// the client's region and only the header is written.
+void add_external_tensor(TensorInputs& in, const py::tuple& entry) {
+  RecordTensorSource src;
+  src.name = to_string(entry[0]);
+  for (const py::handle d : py::reinterpret_borrow<py::sequence>(entry[1])) src.shape.push_back(d.cast<int64_t>());
+  src.dtype = static_cast<DataType>(entry[2].cast<int>());
+  src.external = true;
+  src.region = entry[3].cast<uint64_t>();
+  src.region_offset = entry[4].cast<uint64_t>();
+  src.byte_size = entry[5].cast<uint64_t>();
+  in.sources.push_back(std::move(src));
+}
+
 void add_tensor(TensorInputs& in, const py::handle& item) {
   const auto entry = py::reinterpret_borrow<py::tuple>(item);
-  if (entry.size() < 2 || entry.size() > 3) throw py::value_error("a tensor is (name, array) or (name, array, dtype)");
+  if (entry.size() == 6) {
+    add_external_tensor(in, entry);
+    return;
+  }
+  if (entry.size() < 2 || entry.size() > 3) {
+    throw py::value_error("a tensor is (name, array), (name, array, dtype) or "
+                          "(name, shape, dtype, region, region_offset, byte_size)");
+  }
   RecordTensorSource src;
   src.name = to_string(entry[0]);
   py::array arr = py::array::ensure(entry[1]);
@@ -150,8 +172,30 @@ py::dtype numpy_dtype(DataType t) {
   return py::reinterpret_borrow<py::dtype>(table[static_cast<uint8_t>(t)]);
 }
 
-py::array tensor_view(const std::shared_ptr<Pool>& pool, const TensorDesc& d, const py::object& base) {
-  const uint8_t* data = pool->resolve(d.data_handle, d.byte_size);
+/// The bytes of a tensor that lives in a client region: `regions` maps region ids to objects
+/// exposing the region's bytes (an mmap); the range is checked against the region's length.
+const uint8_t* region_data(const TensorDesc& d, const py::object& regions, py::object* base) {
+  const auto map = py::reinterpret_borrow<py::dict>(regions);
+  const py::int_ key(d.data_handle);
+  if (!map.contains(key)) {
+    throw FormatError("tensor " + quoted_name(d.name) + " names client region " + std::to_string(d.data_handle) +
+                      ", which is not mapped");
+  }
+  *base = map[key];
+  const py::buffer_info info = py::reinterpret_borrow<py::buffer>(*base).request();
+  const auto size = static_cast<uint64_t>(info.size * info.itemsize);
+  if (d.data_offset > size || d.byte_size > size - d.data_offset) {
+    throw FormatError("tensor " + quoted_name(d.name) + " runs past the end of its client region");
+  }
+  if (d.dtype == DataType::kBytes) check_bytes_count(d.byte_size, element_count(d.shape));
+  return static_cast<const uint8_t*>(info.ptr) + d.data_offset;
+}
+
+py::array tensor_view(const std::shared_ptr<Pool>& pool, const TensorDesc& d, const py::object& pool_base,
+                      const py::object& regions) {
+  py::object base = pool_base;
+  const uint8_t* data = d.memory_type == MemoryType::kSystemShm ? region_data(d, regions, &base)
+                                                                 : pool->resolve(d.data_handle, d.byte_size);
   if (d.dtype == DataType::kBytes) {
     py::array flat = decode_bytes_array(data, d.byte_size, element_count(d.shape));
     return flat.attr("reshape")(py::cast(d.shape));
@@ -197,25 +241,37 @@ void bind_record(py::module_& m) {
       py::arg("pool"), py::arg("kind"), py::arg("status") = 0, py::arg("ints") = py::tuple(),
       py::arg("strings") = py::tuple(), py::arg("tensors") = py::tuple(), py::arg("next") = 0,
       "Write one record (strings, and tensors given as (name, array[, dtype])) in one allocation.\n"
-      "Arrays are copied once; str/bytes/object arrays become BYTES. Returns the record's handle.");
+      "Arrays are copied once; str/bytes/object arrays become BYTES. A 6-tuple (name, shape, dtype,\n"
+      "region, region_offset, byte_size) names data in a client region instead (not copied).\n"
+      "Returns the record's handle.");
   m.def(
       "read_record",
-      [](const std::shared_ptr<Pool>& pool, uint64_t handle, bool lease) {
+      [](const std::shared_ptr<Pool>& pool, uint64_t handle, bool lease, const py::object& regions) {
         RecordView view = read_record(open_pool(pool), handle);
         const py::object base = lease ? py::cast(std::make_unique<RecordLease>(pool, handle)) : py::cast(pool);
         py::list strings;
         for (const auto& s : view.strings) strings.append(from_utf8(s));
         py::list tensors;
         for (const auto& d : view.tensors) {
-          tensors.append(py::make_tuple(py::str(d.name), static_cast<int>(d.dtype), tensor_view(pool, d, base)));
+          if (d.memory_type == MemoryType::kSystemShm && regions.is_none()) {
+            // A tensor the peer placed in a client region: described, not viewed.
+            tensors.append(py::make_tuple(py::str(d.name), static_cast<int>(d.dtype),
+                                          py::make_tuple(d.data_handle, d.data_offset, d.byte_size,
+                                                         py::tuple(py::cast(d.shape)))));
+            continue;
+          }
+          tensors.append(
+              py::make_tuple(py::str(d.name), static_cast<int>(d.dtype), tensor_view(pool, d, base, regions)));
         }
         return py::make_tuple(static_cast<int>(view.kind), view.status,
                               py::make_tuple(view.ints[0], view.ints[1], view.ints[2]), view.next, strings, tensors);
       },
-      py::arg("pool"), py::arg("handle"), py::arg("lease") = false,
+      py::arg("pool"), py::arg("handle"), py::arg("lease") = false, py::arg("regions") = py::none(),
       "Read and validate a record: (kind, status, ints, next, strings, [(name, dtype, array)]).\n"
       "Arrays are zero-copy views (BYTES are decoded to object arrays). With lease=True the record\n"
-      "is freed when the last view goes away; otherwise the writer stays its owner.");
+      "is freed when the last view goes away; otherwise the writer stays its owner. Tensors that\n"
+      "live in a client region are views of regions[id] (a dict of buffer objects), bounds-checked;\n"
+      "without `regions` they are described as (region, offset, byte_size, shape) instead.");
   m.def(
       "set_record_next",
       [](const std::shared_ptr<Pool>& pool, uint64_t handle, uint64_t next) {

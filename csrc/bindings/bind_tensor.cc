@@ -118,6 +118,7 @@ void bind_tensor(py::module_& m) {
       .value("CPU", MemoryType::kCpu)
       .value("CPU_PINNED", MemoryType::kCpuPinned)
       .value("GPU", MemoryType::kGpu)
+      .value("SYSTEM_SHM", MemoryType::kSystemShm)
       .finalize();
 
   m.def("dtype_size", &dtype_size, py::arg("dtype"), "Bytes per element (0 for BYTES).");

@@ -31,7 +31,8 @@ uint64_t strings_end(const RecordSource& source) {
 }
 
 uint64_t tensor_bytes(const RecordTensorSource& t) {
-  return checked_align(checked_add(tensor_header_bytes(t.name.size(), t.shape.size()), t.byte_size));
+  const uint64_t inline_bytes = t.external ? 0 : t.byte_size;
+  return checked_align(checked_add(tensor_header_bytes(t.name.size(), t.shape.size()), inline_bytes));
 }
 
 }  // namespace
@@ -75,9 +76,15 @@ uint64_t write_record(Pool& pool, const RecordSource& source) {
       desc.shape = t.shape;
       desc.byte_size = t.byte_size;
       const uint64_t header = tensor_header_bytes(t.name.size(), t.shape.size());
-      desc.data_handle = handle + at + header;  // handles are (segment, offset): offsets add
+      if (t.external) {
+        desc.memory_type = MemoryType::kSystemShm;
+        desc.data_handle = t.region;
+        desc.data_offset = t.region_offset;
+      } else {
+        desc.data_handle = handle + at + header;  // handles are (segment, offset): offsets add
+      }
       encode_tensor_header(desc, base + at, header);  // validates dtype, shape and byte size
-      if (t.byte_size) std::memcpy(base + at + header, t.data, t.byte_size);
+      if (!t.external && t.byte_size) std::memcpy(base + at + header, t.data, t.byte_size);
       at += tensor_bytes(t);
     }
   } catch (...) {
@@ -121,10 +128,19 @@ RecordView read_record(Pool& pool, uint64_t handle) {
     if (at > total) throw FormatError("inference record tensor table runs past the record");
     TensorDesc desc = decode_tensor_header(base + at, total - at);
     const uint64_t header = tensor_header_bytes(desc.name.size(), desc.shape.size());
+    if (header > total - at) {
+      throw FormatError("inference record tensor " + quoted_name(desc.name) + " runs past the record");
+    }
+    if (desc.memory_type == MemoryType::kSystemShm) {
+      // Data in a client region: the caller checks offset and size against that region.
+      at = checked_align(checked_add(at, header));
+      view.tensors.push_back(std::move(desc));
+      continue;
+    }
     if (desc.memory_type != MemoryType::kCpu || desc.data_handle != handle + at + header) {
       throw FormatError("inference record tensor " + quoted_name(desc.name) + " does not hold its data inline");
     }
-    if (header > total - at || desc.byte_size > total - at - header) {
+    if (desc.byte_size > total - at - header) {
       throw FormatError("inference record tensor " + quoted_name(desc.name) + " runs past the record");
     }
     if (desc.dtype == DataType::kBytes) {

@@ -4,7 +4,9 @@
 //   +64   strings: for each, uint32 length then its bytes (no padding between them)
 //   pad to 64
 //   tensors, one after another: tensor header (tensor_header_bytes) then its data, padded to 64;
-//         each header's data_handle names the bytes right after it
+//         each header's data_handle names the bytes right after it. A tensor whose memory type
+//         is kSystemShm has no data here: it lies in a client's region (data_handle = region
+//         id, data_offset = offset in the region), which the reader's caller resolves.
 //
 // Records of one batch are chained through `next`, so a batch needs no extra allocation.
 // The reader trusts nothing: every length, count and handle is checked against `total_bytes`,
@@ -42,13 +44,17 @@ static_assert(offsetof(RecordShm, total_bytes) == 24, "record layout");
 static_assert(offsetof(RecordShm, ints) == 40, "record layout");
 static_assert(sizeof(RecordShm) == 64, "record layout");
 
-/// A tensor to be written: its data is copied (already serialized for BYTES).
+/// A tensor to be written: its data is copied (already serialized for BYTES), unless it is
+/// external (in a client region: only its header is written, naming region and offset).
 struct RecordTensorSource {
   std::string name;
   DataType dtype = DataType::kInvalid;
   std::vector<int64_t> shape;
   const uint8_t* data = nullptr;
   uint64_t byte_size = 0;
+  bool external = false;
+  uint64_t region = 0;         // external: the region's id
+  uint64_t region_offset = 0;  // external: byte offset of the data in the region
 };
 
 /// Everything a record holds, in ordinary memory (tensors by reference).

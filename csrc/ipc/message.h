@@ -34,8 +34,10 @@ enum class Command : uint32_t {
   kMemoryRelease = 19,           // memory manager: a buffer may be freed
   kPing = 20,                    // health / benchmarks
   kShutdown = 21,
+  kRegionMap = 22,               // map a client's system shared-memory region (zero-copy inputs)
+  kRegionUnmap = 23,             // forget it (the client unregistered it)
 };
-constexpr uint32_t kMaxCommand = 21;
+constexpr uint32_t kMaxCommand = 23;
 
 constexpr uint32_t kMessageInlineReply = 1u;  // the sender waits on reply_ready
 constexpr uint32_t kMessageNotify = 2u;       // after replying, the responder also pushes the handle

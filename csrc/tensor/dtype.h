@@ -40,8 +40,9 @@ bool dtype_valid(uint8_t raw) noexcept;
 std::optional<DLDataType> dtype_to_dlpack(DataType t) noexcept;
 std::optional<DataType> dtype_from_dlpack(DLDataType t) noexcept;
 
-/// Where a tensor's bytes live.
-enum class MemoryType : uint8_t { kCpu = 0, kCpuPinned = 1, kGpu = 2 };
-constexpr uint8_t kMaxMemoryType = 2;
+/// Where a tensor's bytes live. kSystemShm: in a client's registered system shared-memory
+/// region, outside the pool (data_handle names the region, data_offset the byte offset in it).
+enum class MemoryType : uint8_t { kCpu = 0, kCpuPinned = 1, kGpu = 2, kSystemShm = 3 };
+constexpr uint8_t kMaxMemoryType = 3;
 
 }  // namespace stubhost

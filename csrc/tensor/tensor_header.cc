@@ -129,6 +129,9 @@ TensorDesc read_tensor(Pool& pool, uint64_t handle) {
   }
   const uint64_t bytes = tensor_header_bytes(h.name_length, h.ndim);
   TensorDesc d = decode_tensor_header(pool.resolve(handle, bytes), bytes);
+  if (d.memory_type == MemoryType::kSystemShm) {
+    throw FormatError("tensor " + quoted_name(d.name) + " lives in a client region, not in the pool");
+  }
   if (d.memory_type != MemoryType::kGpu) pool.resolve(d.data_handle, d.byte_size);  // bounds check
   return d;
 }

@@ -139,3 +139,66 @@ def test_chains_link_and_free_together_even_when_cyclic(pool: _core.Pool) -> Non
     _core.set_record_next(pool, a, b)  # a hostile peer's cycle
     assert _core.free_record_chain(pool, b) == 2
     assert pool.allocations == 0
+
+
+# ---- tensors that live in a client region (zero-copy shared-memory inputs and outputs) ----------
+def _region(values: np.ndarray, pad: int = 0) -> bytearray:
+    """A stand-in for a client's mapped region: `pad` bytes, then the values."""
+    return bytearray(pad) + bytearray(values.tobytes())
+
+
+def test_external_tensor_takes_no_room_and_reads_as_a_view_of_its_region(pool: _core.Pool) -> None:
+    values = np.arange(4, dtype=np.float32)
+    region = _region(values, pad=8)
+    inline = _core.write_record(pool, int(RecordKind.REQUEST), tensors=[("X", np.zeros(1 << 16, np.uint8))])
+    external = _core.write_record(pool, int(RecordKind.REQUEST),
+                                  tensors=[("X", (1 << 16,), int(DataType.UINT8), 5, 0, 1 << 16)])
+    assert pool.allocation_size(external) < pool.allocation_size(inline) - (1 << 15)
+    pool.free(inline)
+    pool.free(external)
+    h = _core.write_record(pool, int(RecordKind.REQUEST),
+                           tensors=[("A", (2, 2), int(DataType.FP32), 9, 8, 16), ("B", np.ones(2, np.int8))])
+    _, _, _, _, _, tensors = _core.read_record(pool, h, regions={9: region})
+    a = tensors[0][2]
+    np.testing.assert_array_equal(a, values.reshape(2, 2))
+    region[8:12] = np.float32(42).tobytes()  # the view sees the region itself, not a copy
+    assert a[0, 0] == 42
+    np.testing.assert_array_equal(tensors[1][2], np.ones(2, np.int8))
+    pool.free(h)
+
+
+def test_external_tensor_without_regions_is_described(pool: _core.Pool) -> None:
+    h = _core.write_record(pool, int(RecordKind.RESPONSE), tensors=[("O", (3,), int(DataType.INT32), 4, 64, 12)])
+    _, _, _, _, _, tensors = _core.read_record(pool, h)
+    assert tensors == [("O", int(DataType.INT32), (4, 64, 12, (3,)))]
+    pool.free(h)
+
+
+@pytest.mark.parametrize("region_id, offset, size, region_bytes, match", [
+    (1, 0, 16, 8, "runs past the end"),             # region too small
+    (1, 2**64 - 8, 16, 64, "runs past the end"),    # offset + size overflows
+    (1, 65, 0, 64, "runs past the end"),            # offset beyond the region, even when empty
+    (2, 0, 16, 64, "not mapped"),                   # unknown region
+])
+def test_external_tensor_is_bounds_checked_against_its_region(pool: _core.Pool, region_id: int, offset: int,
+                                                              size: int, region_bytes: int, match: str) -> None:
+    count = size // 4
+    h = _core.write_record(pool, int(RecordKind.REQUEST),
+                           tensors=[("A", (count,), int(DataType.FP32), region_id, offset, size)])
+    with pytest.raises(_core.FormatError, match=match):
+        _core.read_record(pool, h, regions={1: bytearray(region_bytes)})
+    pool.free(h)
+
+
+def test_external_bytes_tensor_is_decoded_and_its_count_checked(pool: _core.Pool) -> None:
+    region = bytearray(_core.encode_bytes([b"ab", b"", b"xyz"]))
+    good = _core.write_record(pool, int(RecordKind.REQUEST),
+                              tensors=[("S", (3,), int(DataType.BYTES), 1, 0, len(region))])
+    _, _, _, _, _, tensors = _core.read_record(pool, good, regions={1: region})
+    assert list(tensors[0][2]) == [b"ab", b"", b"xyz"]
+    bad = _core.write_record(pool, int(RecordKind.REQUEST),
+                             tensors=[("S", (4,), int(DataType.BYTES), 1, 0, len(region))])
+    with pytest.raises(_core.FormatError):
+        _core.read_record(pool, bad, regions={1: region})
+    pool.free(good)
+    pool.free(bad)

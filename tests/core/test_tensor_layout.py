@@ -73,7 +73,7 @@ def reference_decode(buf: bytes) -> dict[str, Any]:
     raw_name = buf[128 + 8 * ndim:need]
     if dtype == 0 or dtype > 14:
         raise Rejected("dtype")
-    if mem > 2:
+    if mem > max(m.value for m in MemoryType):
         raise Rejected("memory type")
     count = 1
     for d in shape:  # same order as the core: a partial product may overflow before a 0 dim
@@ -383,6 +383,8 @@ def read_tensor_expectation(pool: _core.Pool, handle: int) -> dict[str, Any] | N
         ref = reference_decode(bytes(pool.view(handle, expected_header_bytes(name_len, ndim))))
     except (Rejected, _core.InvalidHandleError):
         return None
+    if ref["memory_type"] == MemoryType.SYSTEM_SHM:
+        return None  # data in a client region: read_tensor (a pool-only reader) refuses it
     if ref["memory_type"] != MemoryType.GPU:
         try:
             pool.view(ref["data_handle"], ref["byte_size"])
