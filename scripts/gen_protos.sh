@@ -18,6 +18,7 @@ cd "$(dirname "$0")/.."
 
 PROTOS=(
   stubhost/config/model_config.proto
+  stubhost/server/grpc_service.proto
 )
 # Extra protoc output flags per proto (e.g. --grpc_python_out=src for a service definition).
 declare -A EXTRA_OUT=(
