@@ -62,14 +62,15 @@ class InferRequest:
 
 @dataclass
 class OutputTensor:
-    """One output of a result: ``data`` to send, or None when it was written to ``shm``."""
+    """One output of a result: ``data`` to send, or None when it was written to ``shm``.
+    ``binary_data`` None: the client did not say how it wants it (the front end's default)."""
 
     name: str
     datatype: str
     shape: list[int]
     data: np.ndarray | None = None
     shm: ShmRef | None = None
-    binary_data: bool = False
+    binary_data: bool | None = None
 
 
 @dataclass
