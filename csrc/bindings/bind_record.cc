@@ -174,7 +174,8 @@ py::dtype numpy_dtype(DataType t) {
 
 /// The bytes of a tensor that lives in a client region: `regions` maps region ids to objects
 /// exposing the region's bytes (an mmap); the range is checked against the region's length.
-const uint8_t* region_data(const TensorDesc& d, const py::object& regions, py::object* base) {
+/// `readonly` tells whether that object refuses writes (its views must then refuse them too).
+const uint8_t* region_data(const TensorDesc& d, const py::object& regions, py::object* base, bool* readonly) {
   const auto map = py::reinterpret_borrow<py::dict>(regions);
   const py::int_ key(d.data_handle);
   if (!map.contains(key)) {
@@ -188,19 +189,23 @@ const uint8_t* region_data(const TensorDesc& d, const py::object& regions, py::o
     throw FormatError("tensor " + quoted_name(d.name) + " runs past the end of its client region");
   }
   if (d.dtype == DataType::kBytes) check_bytes_count(d.byte_size, element_count(d.shape));
+  *readonly = info.readonly;
   return static_cast<const uint8_t*>(info.ptr) + d.data_offset;
 }
 
 py::array tensor_view(const std::shared_ptr<Pool>& pool, const TensorDesc& d, const py::object& pool_base,
                       const py::object& regions) {
   py::object base = pool_base;
-  const uint8_t* data = d.memory_type == MemoryType::kSystemShm ? region_data(d, regions, &base)
+  bool readonly = false;
+  const uint8_t* data = d.memory_type == MemoryType::kSystemShm ? region_data(d, regions, &base, &readonly)
                                                                  : pool->resolve(d.data_handle, d.byte_size);
   if (d.dtype == DataType::kBytes) {
     py::array flat = decode_bytes_array(data, d.byte_size, element_count(d.shape));
     return flat.attr("reshape")(py::cast(d.shape));
   }
-  return py::array(numpy_dtype(d.dtype), std::vector<py::ssize_t>(d.shape.begin(), d.shape.end()), {}, data, base);
+  py::array view(numpy_dtype(d.dtype), std::vector<py::ssize_t>(d.shape.begin(), d.shape.end()), {}, data, base);
+  if (readonly) view.attr("setflags")(py::arg("write") = false);  // pybind11 marks views writable
+  return view;
 }
 
 }  // namespace

@@ -202,3 +202,11 @@ def test_external_bytes_tensor_is_decoded_and_its_count_checked(pool: _core.Pool
         _core.read_record(pool, bad, regions={1: region})
     pool.free(good)
     pool.free(bad)
+
+
+def test_external_tensor_of_a_read_only_region_is_a_read_only_view(pool: _core.Pool) -> None:
+    region = memoryview(bytearray(16)).toreadonly()
+    h = _core.write_record(pool, int(RecordKind.REQUEST), tensors=[("A", (4,), int(DataType.FP32), 1, 0, 16)])
+    _, _, _, _, _, tensors = _core.read_record(pool, h, regions={1: region})
+    assert not tensors[0][2].flags.writeable
+    pool.free(h)
