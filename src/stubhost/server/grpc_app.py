@@ -1,0 +1,214 @@
+"""The KServe v2 gRPC front end (``inference.GRPCInferenceService``) on grpcio's asyncio server.
+
+Every RPC is a coroutine over :class:`InferenceService`; an :class:`InferenceError` ends the call
+with the gRPC status Triton uses for its code. ``ModelStreamInfer`` runs the requests of one
+stream concurrently and answers each as it finishes (clients match answers by request id), with
+a failed request reported in ``error_message`` while the stream goes on, as Triton does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from stubhost.config import config_from_dict
+from stubhost.host.errors import InferenceError
+from stubhost.server import grpc_codec
+from stubhost.server import grpc_service_pb2 as pb
+from stubhost.server.grpc_methods import generic_handler
+from stubhost.server.service import InferenceService
+
+STATUS_OF_CODE = {
+    "INVALID_ARG": grpc.StatusCode.INVALID_ARGUMENT, "NOT_FOUND": grpc.StatusCode.NOT_FOUND,
+    "INTERNAL": grpc.StatusCode.INTERNAL, "UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
+    "UNSUPPORTED": grpc.StatusCode.UNIMPLEMENTED, "ALREADY_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
+    "CANCELLED": grpc.StatusCode.CANCELLED, "UNKNOWN": grpc.StatusCode.UNKNOWN,
+}
+MAX_MESSAGE_BYTES = (1 << 31) - 1  # grpcio's largest; tensors are bounded by the codec instead
+
+Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+def _guarded(handler: Handler) -> Handler:
+    """Turns InferenceError into the call's gRPC status."""
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await handler(request, context)
+        except InferenceError as e:
+            await context.abort(STATUS_OF_CODE.get(e.code, grpc.StatusCode.UNKNOWN), e.message)
+    return call
+
+
+class GrpcFrontend:
+    """The servicer: one coroutine per RPC of the service."""
+
+    def __init__(self, service: InferenceService) -> None:
+        self.service = service
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The generic handler to add to a ``grpc.aio`` server."""
+        unary = {
+            "ServerLive": self.server_live, "ServerReady": self.server_ready, "ModelReady": self.model_ready,
+            "ServerMetadata": self.server_metadata, "ModelMetadata": self.model_metadata,
+            "ModelConfig": self.model_config, "ModelStatistics": self.model_statistics,
+            "ModelInfer": self.model_infer, "RepositoryIndex": self.repository_index,
+            "RepositoryModelLoad": self.repository_model_load,
+            "RepositoryModelUnload": self.repository_model_unload,
+            "SystemSharedMemoryStatus": self.system_status, "SystemSharedMemoryRegister": self.system_register,
+            "SystemSharedMemoryUnregister": self.system_unregister,
+            "CudaSharedMemoryStatus": self.cuda_status, "CudaSharedMemoryRegister": self.cuda_register,
+            "CudaSharedMemoryUnregister": self.cuda_unregister,
+        }
+        behaviors: dict[str, Callable[..., Any]] = {name: _guarded(fn) for name, fn in unary.items()}
+        behaviors["ModelStreamInfer"] = self.model_stream_infer
+        return generic_handler(behaviors)
+
+    # ---- health and metadata ---------------------------------------------------------------------
+    async def server_live(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.service.live())
+
+    async def server_ready(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.service.ready())
+
+    async def model_ready(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self.service.model_ready(request.name, request.version))
+
+    async def server_metadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
+        meta = self.service.metadata()
+        return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"], extensions=meta["extensions"])
+
+    async def model_metadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        meta = self.service.model_metadata(request.name, request.version)
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=meta["name"], versions=meta["versions"], platform=meta["platform"],
+            inputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in meta["inputs"]],
+            outputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in meta["outputs"]])
+
+    async def model_config(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        config = config_from_dict(self.service.model_config(request.name, request.version), request.name)
+        return pb.ModelConfigResponse(config=config)
+
+    async def model_statistics(self, request: pb.ModelStatisticsRequest,
+                               context: Any) -> pb.ModelStatisticsResponse:
+        stats = self.service.statistics(request.name, request.version)
+        return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
+
+    # ---- repository ------------------------------------------------------------------------------
+    async def repository_index(self, request: pb.RepositoryIndexRequest,
+                               context: Any) -> pb.RepositoryIndexResponse:
+        index = pb.RepositoryIndexResponse.ModelIndex
+        return pb.RepositoryIndexResponse(models=[index(**entry) for entry in
+                                                  self.service.repository_index(request.ready)])
+
+    async def repository_model_load(self, request: pb.RepositoryModelLoadRequest,
+                                    context: Any) -> pb.RepositoryModelLoadResponse:
+        if request.parameters:
+            raise InferenceError("UNSUPPORTED", "loading a model with an overriding config or files is not "
+                                                "supported yet")
+        await self.service.load(request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    async def repository_model_unload(self, request: pb.RepositoryModelUnloadRequest,
+                                      context: Any) -> pb.RepositoryModelUnloadResponse:
+        await self.service.unload(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    # ---- shared memory ---------------------------------------------------------------------------
+    async def system_status(self, request: pb.SystemSharedMemoryStatusRequest,
+                            context: Any) -> pb.SystemSharedMemoryStatusResponse:
+        region = pb.SystemSharedMemoryStatusResponse.RegionStatus
+        regions = self.service.registry.system_status(request.name or None)
+        return pb.SystemSharedMemoryStatusResponse(regions={r["name"]: region(**r) for r in regions})
+
+    async def system_register(self, request: pb.SystemSharedMemoryRegisterRequest,
+                              context: Any) -> pb.SystemSharedMemoryRegisterResponse:
+        self.service.registry.register_system(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def system_unregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
+                                context: Any) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.service.registry.unregister_system(request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def cuda_status(self, request: pb.CudaSharedMemoryStatusRequest,
+                          context: Any) -> pb.CudaSharedMemoryStatusResponse:
+        region = pb.CudaSharedMemoryStatusResponse.RegionStatus
+        regions = self.service.registry.cuda_status(request.name or None)
+        return pb.CudaSharedMemoryStatusResponse(regions={r["name"]: region(**r) for r in regions})
+
+    async def cuda_register(self, request: pb.CudaSharedMemoryRegisterRequest,
+                            context: Any) -> pb.CudaSharedMemoryRegisterResponse:
+        self.service.registry.register_cuda(request.name, request.raw_handle, request.device_id,
+                                            request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    async def cuda_unregister(self, request: pb.CudaSharedMemoryUnregisterRequest,
+                              context: Any) -> pb.CudaSharedMemoryUnregisterResponse:
+        self.service.registry.unregister_cuda(request.name or None)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # ---- inference -------------------------------------------------------------------------------
+    async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        result = await self.service.infer(grpc_codec.decode_infer_request(request))
+        return grpc_codec.encode_infer_response(result)
+
+    async def _stream_one(self, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+        try:
+            result = await self.service.infer(grpc_codec.decode_infer_request(request))
+            return pb.ModelStreamInferResponse(infer_response=grpc_codec.encode_infer_response(result))
+        except InferenceError as e:
+            return pb.ModelStreamInferResponse(error_message=e.message,
+                                               infer_response=pb.ModelInferResponse(id=request.id))
+
+    async def model_stream_infer(self, requests: AsyncIterator[pb.ModelInferRequest],
+                                 context: Any) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Answers each request of the stream as it finishes; the stream ends after the client's
+        last request has been answered."""
+        done: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        pending: set[asyncio.Task[None]] = set()
+
+        async def run(request: pb.ModelInferRequest) -> None:
+            await done.put(await self._stream_one(request))
+
+        async def read_all() -> None:
+            try:
+                async for request in requests:
+                    task = asyncio.ensure_future(run(request))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                while pending:
+                    await asyncio.gather(*list(pending), return_exceptions=True)
+            finally:
+                await done.put(None)
+
+        reader = asyncio.ensure_future(read_all())
+        try:
+            while True:
+                response = await done.get()
+                if response is None:
+                    break
+                yield response
+        finally:
+            reader.cancel()
+            for task in list(pending):
+                task.cancel()
+
+
+def create_grpc_server(service: InferenceService, address: str) -> tuple[grpc.aio.Server, int]:
+    """A ``grpc.aio`` server bound to ``address`` (``host:port``, port 0: any free one), not yet
+    started, and the port it is bound to."""
+    server = grpc.aio.server(options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                                      ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+    server.add_generic_rpc_handlers((GrpcFrontend(service).handler(),))
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError:  # grpcio raises where older versions returned 0
+        port = 0
+    if port == 0:
+        raise OSError(f"Socket '{address}' already in use")
+    return server, port

@@ -1,0 +1,317 @@
+"""The KServe v2 HTTP/REST front end: a plain ASGI application over :class:`InferenceService`.
+
+Routes are Triton's (``/v2/...``, including the repository, statistics and shared-memory
+extensions). Errors answer ``{"error": "<message>"}`` with the status Triton gives the error's
+code (400 for invalid arguments, 404 not found, 500 internal, 503 unavailable, 501 unsupported).
+
+The app is plain ASGI rather than a framework: routing is one split of the path, and the infer
+body is handed to the codec as one buffer, so the request path adds no copies of its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import zlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from stubhost.host.errors import InferenceError
+from stubhost.server import http_codec
+from stubhost.server.service import InferenceService
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+HEADER_LENGTH = b"inference-header-content-length"
+DEFAULT_MAX_BODY = 1 << 31  # bytes; a larger request is refused before it is read
+
+# Triton's HTTP status for each error code.
+STATUS_OF_CODE = {"INVALID_ARG": 400, "UNKNOWN": 400, "ALREADY_EXISTS": 400, "CANCELLED": 400,
+                  "NOT_FOUND": 404, "INTERNAL": 500, "UNAVAILABLE": 503, "UNSUPPORTED": 501}
+
+_JSON = [(b"content-type", b"application/json")]
+
+
+class HttpError(Exception):
+    """An HTTP-level failure (bad method, unknown path, oversized body)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _json_body(body: bytes) -> Any:
+    if not body:
+        return {}
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise InferenceError("INVALID_ARG", f"failed to parse the request JSON buffer: {e}") from None
+
+
+def _decompress(body: bytes, encoding: str) -> bytes:
+    """Undoes a request's Content-Encoding (gzip or deflate, as tritonclient may send)."""
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise HttpError(415, f"unsupported content encoding '{encoding}'")
+    try:
+        return zlib.decompress(body, wbits=31 if encoding == "gzip" else 15)
+    except zlib.error as e:
+        raise InferenceError("INVALID_ARG", f"failed to decompress the request body: {e}") from None
+
+
+def _compressor(accept: str) -> str:
+    """The response encoding to use for an Accept-Encoding header (Triton: gzip or deflate)."""
+    offered = {part.split(";")[0].strip() for part in accept.split(",")} if accept else set()
+    for encoding in ("gzip", "deflate"):
+        if encoding in offered:
+            return encoding
+    return ""
+
+
+def _compress(chunks: list[bytes | memoryview], encoding: str) -> bytes:
+    compressor = zlib.compressobj(wbits=31 if encoding == "gzip" else 15)
+    out = [compressor.compress(c) for c in chunks]
+    out.append(compressor.flush())
+    return b"".join(out)
+
+
+class HttpFrontend:
+    """The ASGI application. ``max_body`` bounds a request body in bytes."""
+
+    def __init__(self, service: InferenceService, *, max_body: int = DEFAULT_MAX_BODY) -> None:
+        self.service = service
+        self.max_body = max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        try:
+            await self._dispatch(scope, receive, send)
+        except InferenceError as e:
+            await self._reply(send, STATUS_OF_CODE.get(e.code, 400), http_codec.encode_error(e.message))
+        except HttpError as e:
+            await self._reply(send, e.status, http_codec.encode_error(e.message))
+
+    @staticmethod
+    async def _lifespan(receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    @staticmethod
+    async def _reply(send: Send, status: int, body: bytes = b"", headers: list[tuple[bytes, bytes]] | None = None,
+                     more: list[bytes | memoryview] | None = None) -> None:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": _JSON if headers is None else headers})
+        if not more:
+            await send({"type": "http.response.body", "body": body})
+            return
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        for i, chunk in enumerate(more):
+            await send({"type": "http.response.body", "body": chunk, "more_body": i + 1 < len(more)})
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise HttpError(400, "the client disconnected before sending the whole request")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                raise HttpError(413, f"request body is larger than the limit of {self.max_body} bytes")
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    @staticmethod
+    def _header(scope: Scope, name: bytes) -> str:
+        for key, value in scope["headers"]:
+            if key == name:
+                return value.decode("latin-1")
+        return ""
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope["method"]
+        parts = scope["path"].strip("/").split("/")
+        if not parts or parts[0] != "v2":
+            raise HttpError(404, "Not Found")
+        rest = parts[1:]
+        service = self.service
+        if not rest:
+            self._method(method, "GET")
+            await self._reply(send, 200, orjson.dumps(service.metadata()))
+            return
+        head = rest[0]
+        if head == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
+            self._method(method, "GET")
+            ok = service.live() if rest[1] == "live" else service.ready()
+            await self._reply(send, 200 if ok else 400, headers=[])
+            return
+        if head == "models":
+            await self._models(scope, receive, send, method, rest[1:])
+            return
+        if head == "repository":
+            await self._repository(scope, receive, send, method, rest[1:])
+            return
+        if head in ("systemsharedmemory", "cudasharedmemory"):
+            await self._shared_memory(scope, receive, send, method, head == "cudasharedmemory", rest[1:])
+            return
+        raise HttpError(404, "Not Found")
+
+    @staticmethod
+    def _method(method: str, expected: str) -> None:
+        if method != expected:
+            raise HttpError(405, "Method Not Allowed")
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send, method: str, rest: list[str]) -> None:
+        service = self.service
+        if rest == ["stats"]:
+            self._method(method, "GET")
+            await self._reply(send, 200, orjson.dumps(service.statistics()))
+            return
+        if not rest or not rest[0]:
+            raise HttpError(404, "Not Found")
+        name, rest = rest[0], rest[1:]
+        version = ""
+        if len(rest) >= 2 and rest[0] == "versions":
+            version, rest = rest[1], rest[2:]
+        action = rest[0] if rest else ""
+        if len(rest) > 1:
+            raise HttpError(404, "Not Found")
+        if action == "infer":
+            self._method(method, "POST")
+            await self._infer(scope, receive, send, name, version)
+        elif action == "":
+            self._method(method, "GET")
+            await self._reply(send, 200, orjson.dumps(service.model_metadata(name, version)))
+        elif action == "ready":
+            self._method(method, "GET")
+            await self._reply(send, 200 if service.model_ready(name, version) else 400, headers=[])
+        elif action == "config":
+            self._method(method, "GET")
+            await self._reply(send, 200, orjson.dumps(service.model_config(name, version)))
+        elif action == "stats":
+            self._method(method, "GET")
+            await self._reply(send, 200, orjson.dumps(service.statistics(name, version)))
+        else:
+            raise HttpError(404, "Not Found")
+
+    async def _infer(self, scope: Scope, receive: Receive, send: Send, name: str, version: str) -> None:
+        body = await self._read_body(scope, receive)
+        body = _decompress(body, self._header(scope, b"content-encoding"))
+        length_text = self._header(scope, HEADER_LENGTH)
+        header_length = None
+        if length_text:
+            try:
+                header_length = int(length_text)
+            except ValueError:
+                raise InferenceError("INVALID_ARG", f"invalid Inference-Header-Content-Length '{length_text}'") \
+                    from None
+        request = http_codec.decode_infer_request(name, version, body, header_length)
+        binary_default = request.parameters.get("binary_data_output", False) is True
+        result = await self.service.infer(request)
+        chunks, json_length = http_codec.encode_infer_response(result, binary_default=binary_default)
+        headers = [(b"content-type", b"application/octet-stream" if json_length is not None
+                    else b"application/json")]
+        if json_length is not None:
+            headers.append((HEADER_LENGTH, str(json_length).encode()))
+        encoding = _compressor(self._header(scope, b"accept-encoding"))
+        if encoding:
+            headers.append((b"content-encoding", encoding.encode()))
+            await self._reply(send, 200, _compress(chunks, encoding), headers)
+            return
+        small = sum(len(c) for c in chunks) <= 65536
+        if small or len(chunks) == 1:
+            await self._reply(send, 200, b"".join(chunks) if len(chunks) > 1 else bytes(chunks[0]), headers)
+        else:
+            await self._reply(send, 200, bytes(chunks[0]), headers, more=chunks[1:])
+
+    async def _repository(self, scope: Scope, receive: Receive, send: Send, method: str, rest: list[str]) -> None:
+        self._method(method, "POST")
+        body = _json_body(await self._read_body(scope, receive))
+        if not isinstance(body, dict):
+            raise InferenceError("INVALID_ARG", "the request body must be a JSON object")
+        if rest == ["index"]:
+            ready_only = body.get("ready", False)
+            if not isinstance(ready_only, bool):
+                raise InferenceError("INVALID_ARG", "'ready' must be a boolean")
+            await self._reply(send, 200, orjson.dumps(self.service.repository_index(ready_only)))
+            return
+        if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
+            parameters = body.get("parameters", {})
+            if not isinstance(parameters, dict):
+                raise InferenceError("INVALID_ARG", "'parameters' must be a JSON object")
+            if rest[2] == "load":
+                if parameters:
+                    raise InferenceError("UNSUPPORTED", "loading a model with an overriding config or files is "
+                                                        "not supported yet")
+                await self.service.load(rest[1])
+            else:
+                await self.service.unload(rest[1])
+            await self._reply(send, 200, headers=[])
+            return
+        raise HttpError(404, "Not Found")
+
+    async def _shared_memory(self, scope: Scope, receive: Receive, send: Send, method: str, cuda: bool,
+                             rest: list[str]) -> None:
+        registry = self.service.registry
+        region: str | None = None
+        if len(rest) >= 2 and rest[0] == "region":
+            region, rest = rest[1], rest[2:]
+        if rest == ["status"]:
+            self._method(method, "GET")
+            status = registry.cuda_status(region) if cuda else registry.system_status(region)
+            await self._reply(send, 200, orjson.dumps(status))
+            return
+        if rest == ["unregister"]:
+            self._method(method, "POST")
+            await self._read_body(scope, receive)
+            if cuda:
+                registry.unregister_cuda(region)
+            else:
+                registry.unregister_system(region)
+            await self._reply(send, 200, headers=[])
+            return
+        if rest == ["register"] and region is not None:
+            self._method(method, "POST")
+            body = _json_body(await self._read_body(scope, receive))
+            if not isinstance(body, dict):
+                raise InferenceError("INVALID_ARG", "the request body must be a JSON object")
+            if cuda:
+                handle = body.get("raw_handle")
+                b64 = handle.get("b64") if isinstance(handle, dict) else None
+                if not isinstance(b64, str):
+                    raise InferenceError("INVALID_ARG", "Shared memory register request has no 'raw_handle.b64'")
+                registry.register_cuda(region, _b64decode(b64), body.get("device_id", 0), body.get("byte_size", 0))
+            else:
+                key = body.get("key")
+                if not isinstance(key, str):
+                    raise InferenceError("INVALID_ARG", "Shared memory register request has no 'key'")
+                registry.register_system(region, key, body.get("offset", 0), body.get("byte_size", 0))
+            await self._reply(send, 200, headers=[])
+            return
+        raise HttpError(404, "Not Found")
+
+
+def _b64decode(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InferenceError("INVALID_ARG", "'raw_handle.b64' is not valid base64") from None

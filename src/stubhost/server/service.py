@@ -1,0 +1,255 @@
+"""The KServe v2 operations, wire-neutral: what the HTTP and gRPC front ends both call.
+
+An :class:`InferenceService` joins one :class:`stubhost.Server` (the models) and one
+:class:`SharedMemoryRegistry` (the clients' regions). The front ends decode a request into
+:mod:`stubhost.server.types` values, call a method here, and encode what it returns; errors are
+:class:`InferenceError` with a Triton code name, which each front end maps to its own status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from stubhost import _core
+from stubhost.host.errors import InferenceError
+from stubhost.host.repository import scan_repository
+from stubhost.host.server import Server
+from stubhost.host.regions import ClientRegion, RegionDestination, RegionOutput, RegionTensor
+from stubhost.server.shm_registry import RegionLease, SharedMemoryRegistry, SystemRegion
+from stubhost.server.types import InferRequest, InferResult, InputTensor, OutputTensor, RequestedOutput
+from stubhost.tensor import numpy_to_triton_dtype, triton_to_numpy_dtype
+
+# What the server metadata lists: only extensions that work end to end.
+EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "system_shared_memory",
+              "cuda_shared_memory", "parameters"]
+
+# Request parameters that steer the server (as in Triton) rather than reach the model.
+_SEQUENCE_ID = "sequence_id"
+_SEQUENCE_START = "sequence_start"
+_SEQUENCE_END = "sequence_end"
+_PRIORITY = "priority"
+_TIMEOUT = "timeout"
+_RESERVED = {_SEQUENCE_ID, _SEQUENCE_START, _SEQUENCE_END, _PRIORITY, _TIMEOUT, "binary_data_output"}
+_FLAG_START = 1
+_FLAG_END = 2
+
+
+def _request_controls(request: InferRequest) -> tuple[dict[str, Any], int | str, int, float | None]:
+    """Splits the request parameters into (model parameters, correlation id, flags, timeout s)."""
+    params = request.parameters
+    if not params:
+        return {}, 0, 0, None
+    correlation = params.get(_SEQUENCE_ID, 0)
+    if isinstance(correlation, bool) or not isinstance(correlation, (int, str)):
+        raise InferenceError("INVALID_ARG", f"parameter '{_SEQUENCE_ID}' must be an integer or a string")
+    flags = 0
+    for key, bit in ((_SEQUENCE_START, _FLAG_START), (_SEQUENCE_END, _FLAG_END)):
+        value = params.get(key, False)
+        if not isinstance(value, bool):
+            raise InferenceError("INVALID_ARG", f"parameter '{key}' must be a boolean")
+        flags |= bit if value else 0
+    timeout = None
+    timeout_us = params.get(_TIMEOUT)
+    if timeout_us is not None:
+        if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us < 0:
+            raise InferenceError("INVALID_ARG", f"parameter '{_TIMEOUT}' must be a non-negative integer of "
+                                                "microseconds")
+        timeout = timeout_us / 1e6 if timeout_us else None
+    model_params = {k: v for k, v in params.items() if k not in _RESERVED}
+    return model_params, correlation, flags, timeout
+
+
+def _datatype(array: np.ndarray) -> str:
+    return _core.dtype_name(numpy_to_triton_dtype(array.dtype))
+
+
+class InferenceService:
+    """KServe v2 health, metadata, inference, repository, statistics and shared-memory calls."""
+
+    def __init__(self, server: Server, registry: SharedMemoryRegistry | None = None, *,
+                 model_control: bool = False) -> None:
+        self.server = server
+        self.registry = registry if registry is not None else SharedMemoryRegistry(
+            on_unregister=lambda region: server.forget_region(region.id))
+        self.model_control = model_control  # explicit mode: clients may load and unload models
+
+    # ---- health and metadata ---------------------------------------------------------------------
+    def live(self) -> bool:
+        """True while the server is open."""
+        return not self.server.closed
+
+    def ready(self) -> bool:
+        """True when every model that should be loaded is ready."""
+        return self.server.ready()
+
+    def metadata(self) -> dict[str, Any]:
+        """Server metadata: name, version and the extensions that work."""
+        meta = self.server.metadata()
+        meta["extensions"] = list(EXTENSIONS)
+        return meta
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        """True when the model (version) can serve."""
+        return self.server.model_ready(name, version)
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        """KServe v2 model metadata."""
+        return self.server.model_metadata(name, version)
+
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        """The model configuration in Triton's JSON form."""
+        return self.server.model_config(name, version)
+
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """Triton's statistics extension answer."""
+        return self.server.statistics(name, version)
+
+    # ---- model repository ------------------------------------------------------------------------
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Every model of the repository with its state, as Triton's repository index lists them."""
+        loaded = set(self.server.models())
+        entries: list[dict[str, Any]] = []
+        for name in sorted(set(scan_repository(self.server.repository)) | loaded):
+            if name in loaded:
+                metadata = self.server.model_metadata(name)
+                for version in metadata["versions"]:
+                    ready = self.server.model_ready(name, version)
+                    if ready or not ready_only:
+                        entries.append({"name": name, "version": version,
+                                        "state": "READY" if ready else "UNAVAILABLE",
+                                        **({} if ready else {"reason": "not ready"})})
+            elif not ready_only:
+                reason = self.server.load_errors.get(name, "unloaded")
+                entries.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": reason})
+        return entries
+
+    def _check_model_control(self) -> None:
+        if not self.model_control:
+            raise InferenceError("UNAVAILABLE", "explicit model load / unload is not allowed if polling is enabled")
+
+    async def load(self, name: str) -> None:
+        """Loads (or reloads) a model, in explicit model-control mode; loading runs off the loop."""
+        self._check_model_control()
+        await asyncio.get_running_loop().run_in_executor(None, self.server.load, name)
+
+    async def unload(self, name: str) -> None:
+        """Unloads a model, in explicit model-control mode; other models' requests are untouched."""
+        self._check_model_control()
+        await asyncio.get_running_loop().run_in_executor(None, self.server.unload, name)
+
+    # ---- inference -------------------------------------------------------------------------------
+    async def infer(self, request: InferRequest) -> InferResult:
+        """Runs one decoded request: inputs in client regions are read in place, outputs bound
+        for client regions are copied there once."""
+        leases: list[RegionLease] = []
+        try:
+            inputs = self._inputs(request, leases)
+            params, correlation, flags, timeout = _request_controls(request)
+            names = [self._destination(o, leases) if o.shm is not None else o.name for o in request.outputs] or None
+            response = await self.server.infer_response_async(
+                request.model_name, inputs, outputs=names, model_version=request.model_version,
+                parameters=params, request_id=request.id, timeout=timeout, correlation_id=correlation,
+                flags=flags)
+            outputs = self._outputs(request, response.outputs, leases)
+            return InferResult(request.model_name, str(response.model_version), request.id,
+                               response.parameters, outputs)
+        finally:
+            for lease in leases:
+                lease.release()
+
+    def _inputs(self, request: InferRequest, leases: list[RegionLease]) -> dict[str, np.ndarray | RegionTensor]:
+        inputs: dict[str, np.ndarray | RegionTensor] = {}
+        for tensor in request.inputs:
+            if tensor.name in inputs:
+                raise InferenceError("INVALID_ARG", f"input '{tensor.name}' already exists in request")
+            if tensor.shm is not None:
+                inputs[tensor.name] = self._shm_input(tensor, request.model_name, leases)
+            elif tensor.data is not None:
+                inputs[tensor.name] = tensor.data
+            else:
+                raise InferenceError("INVALID_ARG", f"input '{tensor.name}' has no data")
+        return inputs
+
+    def _shm_input(self, tensor: InputTensor, model_name: str, leases: list[RegionLease]) -> RegionTensor:
+        """An input that stays in a client's system region: the stub reads it in place."""
+        assert tensor.shm is not None
+        lease = self.registry.acquire(tensor.shm)
+        leases.append(lease)
+        if lease.kind != "system":
+            raise InferenceError("UNSUPPORTED", f"input '{tensor.name}': CUDA shared memory inputs are not "
+                                                "supported without a GPU")
+        try:
+            dtype = triton_to_numpy_dtype(_core.dtype_from_name(tensor.datatype))
+        except (TypeError, ValueError, _core.CoreError):
+            raise InferenceError("INVALID_ARG", f"input '{tensor.name}' has a data type that cannot be read "
+                                                f"from shared memory: {tensor.datatype}") from None
+        if dtype.kind != "O":
+            expected = math.prod(tensor.shape) * dtype.itemsize
+            if expected != lease.byte_size:
+                raise InferenceError("INVALID_ARG", f"input byte size mismatch for input '{tensor.name}' for model "
+                                                    f"'{model_name}'. Expected {expected}, got {lease.byte_size}")
+        region = lease.region
+        assert isinstance(region, SystemRegion)
+        client = ClientRegion(region.id, region.key, region.offset, region.byte_size)
+        return RegionTensor(client, lease.offset, lease.byte_size, dtype, tuple(tensor.shape))
+
+    def _destination(self, spec: RequestedOutput, leases: list[RegionLease]) -> RegionDestination | str:
+        """Where the stub should write an output the client placed in a system region (a CUDA
+        region is the front end's to fill)."""
+        assert spec.shm is not None
+        lease = self.registry.acquire(spec.shm)
+        leases.append(lease)
+        region = lease.region
+        if not isinstance(region, SystemRegion):
+            return spec.name
+        client = ClientRegion(region.id, region.key, region.offset, region.byte_size)
+        return RegionDestination(spec.name, client, lease.offset, lease.byte_size)
+
+    def _outputs(self, request: InferRequest, arrays: Mapping[str, np.ndarray | RegionOutput],
+                 leases: list[RegionLease]) -> list[OutputTensor]:
+        wanted: list[RequestedOutput] = request.outputs or [RequestedOutput(name) for name in arrays]
+        outputs: list[OutputTensor] = []
+        for spec in wanted:
+            array = arrays.get(spec.name)
+            if array is None:
+                continue  # the model did not produce it (Triton leaves it out too)
+            if spec.classification:
+                raise InferenceError("UNSUPPORTED", f"output '{spec.name}': the classification extension is "
+                                                    "not supported")
+            if isinstance(array, RegionOutput):  # the stub wrote it into the client's region
+                outputs.append(OutputTensor(spec.name, _core.dtype_name(_core.DataType(array.dtype)),
+                                            list(array.shape), None, spec.shm))
+                continue
+            out = OutputTensor(spec.name, _datatype(array), list(array.shape), array,
+                               binary_data=spec.binary_data)
+            if spec.shm is not None:
+                self._write_shm_output(spec, array, leases)
+                out.data, out.shm = None, spec.shm
+            outputs.append(out)
+        return outputs
+
+    def _write_shm_output(self, spec: RequestedOutput, array: np.ndarray, leases: list[RegionLease]) -> None:
+        """Copies an output into the client's region (the one copy an shm output costs)."""
+        assert spec.shm is not None
+        lease = self.registry.acquire(spec.shm)
+        leases.append(lease)
+        if lease.kind != "system":
+            raise InferenceError("UNSUPPORTED", f"output '{spec.name}': CUDA shared memory outputs are not "
+                                                "supported without a GPU")
+        buffer = lease.buffer
+        if array.dtype.kind == "O":
+            data = _core.encode_bytes(array.ravel())
+            size = len(data)
+        else:
+            data = np.ascontiguousarray(array)
+            size = data.nbytes
+        if size > len(buffer):
+            raise InferenceError("INVALID_ARG", f"shared memory size specified with the request for output "
+                                                f"'{spec.name}' ({len(buffer)} bytes) should be at least {size} "
+                                                "bytes to hold the results")
+        buffer[:size] = memoryview(data).cast("B") if size else b""
