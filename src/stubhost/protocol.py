@@ -13,6 +13,9 @@ EXECUTE             first REQUEST record of a chain         OK + first RESPONSE 
 PING                0                                       OK + PAYLOAD: JSON {ready: bool}
 FINALIZE            0                                       OK + 0; then the stub exits
 SHUTDOWN            0                                       none; the stub exits
+REGION_MAP          PAYLOAD: JSON {id, key, offset, size}   OK + 0 (nobody waits: queued ahead of
+                                                            the Execute that needs the region)
+REGION_UNMAP        PAYLOAD: JSON {id}                      OK + 0 (nobody waits)
 ==================  ======================================  =====================================
 
 A failed command replies ``REPLY_ERROR`` with a PAYLOAD record holding ``{"message": text}`` (or 0

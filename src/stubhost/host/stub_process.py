@@ -250,6 +250,11 @@ class StubProcess:
         self._notify(message.handle)
 
     def _notify(self, handle: int) -> None:
+        message = self.inflight.get(handle)
+        if message is not None and not message.wait_reply(0):
+            # A stale notification: its message was finished without it (an async caller that
+            # waited in place), and the handle now names a newer message, not answered yet.
+            return
         on_reply = self.waiters.pop(handle, None)  # atomic: whoever pops it calls it, once
         if on_reply is not None:
             on_reply()

@@ -115,8 +115,11 @@ class HttpFrontend:
     @staticmethod
     async def _reply(send: Send, status: int, body: bytes = b"", headers: list[tuple[bytes, bytes]] | None = None,
                      more: list[bytes | memoryview] | None = None) -> None:
-        await send({"type": "http.response.start", "status": status,
-                    "headers": _JSON if headers is None else headers})
+        """Sends a whole response; Content-Length is always set (a chunked reply costs the
+        client an extra read)."""
+        length = len(body) + (sum(len(c) for c in more) if more else 0)
+        headers = [*(_JSON if headers is None else headers), (b"content-length", str(length).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         if not more:
             await send({"type": "http.response.body", "body": body})
             return
