@@ -3,9 +3,10 @@
     stubhost serve --model-repository examples/models [--http-port 8000] [--grpc-port 8001]
 
 Flags follow tritonserver's names and defaults where they apply. Models load before the
-endpoints start; SIGINT or SIGTERM stops the endpoints (in-flight requests get
-``--exit-timeout-secs`` to finish), finalizes every model and removes every shared-memory
-segment.
+endpoints start; a table of models and their state is logged; SIGINT or SIGTERM stops the
+endpoints (in-flight requests get ``--exit-timeout-secs`` to finish), finalizes every model and
+removes every shared-memory segment. A taken port or a bad repository ends start-up with a
+message and exit code 1.
 """
 
 from __future__ import annotations
@@ -15,15 +16,19 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import uvicorn
 
 from stubhost.host.errors import InferenceError
 from stubhost.host.server import Server
 from stubhost.server.grpc_app import create_grpc_server
-from stubhost.server.http_app import HttpFrontend
+from stubhost.server.http_app import DEFAULT_MAX_BODY, HttpFrontend
+from stubhost.server.metrics import MetricsApp
+from stubhost.server.restricted import Restrictions
 from stubhost.server.service import InferenceService
 
 log = logging.getLogger("stubhost")
@@ -46,18 +51,24 @@ def build_parser() -> argparse.ArgumentParser:
                                 allow_abbrev=False)
     serve.add_argument("--model-repository", "--model-store", action="append", required=True, metavar="DIR",
                        help="the model repository (one for now)")
-    serve.add_argument("--http-port", type=int, default=8000, help="HTTP port (0: any free port)")
-    serve.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (0: any free port)")
-    serve.add_argument("--http-address", default="0.0.0.0")
-    serve.add_argument("--grpc-address", default="0.0.0.0")
-    serve.add_argument("--allow-http", type=_bool, default=True)
-    serve.add_argument("--allow-grpc", type=_bool, default=True)
+    serve.add_argument("--host", default=None, metavar="ADDR",
+                       help="address of every endpoint whose own --*-address is not given")
+    for name, port in (("http", 8000), ("grpc", 8001), ("metrics", 8002)):
+        serve.add_argument(f"--{name}-port", type=int, default=port, help=f"{name} port (0: any free port)")
+        serve.add_argument(f"--{name}-address", default=None, metavar="ADDR", help="default 0.0.0.0")
+        serve.add_argument(f"--allow-{name}", type=_bool, default=True, metavar="BOOL")
+    serve.add_argument("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
+                       help="require header KEY=VALUE for these API groups, e.g. model-repository,shared-memory:k=v")
+    serve.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="APIS:KEY=VALUE",
+                       help="require metadata triton-grpc-protocol-KEY=VALUE for these groups")
+    serve.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_BODY,
+                       help="largest request body (HTTP) or message (gRPC) accepted")
     serve.add_argument("--model-control-mode", choices=("none", "explicit"), default="none")
     serve.add_argument("--load-model", action="append", default=[], metavar="NAME",
                        help="in explicit mode, a model to load at start-up ('*': all)")
-    serve.add_argument("--exit-on-error", type=_bool, default=True,
+    serve.add_argument("--exit-on-error", type=_bool, default=True, metavar="BOOL",
                        help="fail start-up when a model fails to load")
-    serve.add_argument("--strict-model-config", type=_bool, default=None,
+    serve.add_argument("--strict-model-config", type=_bool, default=None, metavar="BOOL",
                        help="true: no auto-completion of model configurations")
     serve.add_argument("--disable-auto-complete-config", action="store_true")
     serve.add_argument("--exit-timeout-secs", type=float, default=30.0,
@@ -68,10 +79,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _models_to_load(args: argparse.Namespace) -> list[str] | None:
     if args.model_control_mode == "none":
-        if args.load_model:
-            raise SystemExit("stubhost serve: --load-model needs --model-control-mode=explicit")
         return None
     return None if "*" in args.load_model else list(args.load_model)
+
+
+def _bind(address: str, port: int) -> socket.socket:
+    """A listening TCP socket; a taken port fails here, with Triton's words, before anything runs."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, port))
+        sock.listen(1024)
+    except OSError as e:
+        sock.close()
+        raise OSError(f"Socket '{address}:{port}' already in use ({e.strerror})") from None
+    sock.setblocking(False)
+    return sock
 
 
 class _Uvicorn(uvicorn.Server):
@@ -82,39 +106,61 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
-async def _serve(args: argparse.Namespace, service: InferenceService) -> None:
+async def _start_asgi(app: Any, sock: socket.socket, args: argparse.Namespace) -> tuple[_Uvicorn, asyncio.Task[None]]:
+    config = uvicorn.Config(app, loop="none", http="httptools", lifespan="off", access_log=False,
+                            log_level="warning", timeout_graceful_shutdown=args.exit_timeout_secs)
+    server = _Uvicorn(config)
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()
+            raise OSError("the HTTP server stopped while starting")
+        await asyncio.sleep(0.01)
+    return server, task
+
+
+def log_model_table(service: InferenceService) -> None:
+    """Logs the models and their state, as tritonserver does at start-up."""
+    rows = [(e["name"], e["version"] or "-", e["state"] + (f": {e['reason']}" if e.get("reason") else ""))
+            for e in service.repository_index()]
+    header = ("Model", "Version", "Status")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(3)]
+    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    lines = [rule, "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |", rule]
+    lines += ["| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |" for row in rows]
+    lines.append(rule)
+    log.info("\n%s", "\n".join(lines))
+
+
+async def _serve(args: argparse.Namespace, service: InferenceService, sockets: dict[str, socket.socket],
+                 http_limits: Restrictions, grpc_limits: Restrictions) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    asgi: list[tuple[_Uvicorn, asyncio.Task[None]]] = []
     grpc_server = None
-    http_server = None
-    http_task = None
     try:
         if args.allow_grpc:
-            grpc_server, port = create_grpc_server(service, f"{args.grpc_address}:{args.grpc_port}")
+            grpc_server, port = create_grpc_server(service, f"{args.grpc_address}:{args.grpc_port}",
+                                                   restrictions=grpc_limits, max_message=args.max_request_bytes)
             await grpc_server.start()
             log.info("Started GRPCInferenceService at %s:%d", args.grpc_address, port)
-        if args.allow_http:
-            config = uvicorn.Config(HttpFrontend(service), host=args.http_address, port=args.http_port,
-                                    loop="none", http="httptools", lifespan="off", access_log=False,
-                                    log_level="warning", timeout_graceful_shutdown=args.exit_timeout_secs)
-            http_server = _Uvicorn(config)
-            http_task = asyncio.ensure_future(http_server.serve())
-            while not http_server.started:
-                if http_task.done():
-                    http_task.result()  # raises why it could not start
-                    raise OSError("the HTTP server stopped while starting")
-                await asyncio.sleep(0.01)
-            port = http_server.servers[0].sockets[0].getsockname()[1]
-            log.info("Started HTTPService at %s:%d", args.http_address, port)
+        if "http" in sockets:
+            app = HttpFrontend(service, max_body=args.max_request_bytes, restrictions=http_limits)
+            asgi.append(await _start_asgi(app, sockets["http"], args))
+            log.info("Started HTTPService at %s:%d", args.http_address, sockets["http"].getsockname()[1])
+        if "metrics" in sockets:
+            asgi.append(await _start_asgi(MetricsApp(service.server), sockets["metrics"], args))
+            log.info("Started Metrics Service at %s:%d", args.metrics_address, sockets["metrics"].getsockname()[1])
         await stop.wait()
         log.info("stopping: no new requests; waiting up to %ss for requests in flight", args.exit_timeout_secs)
     finally:
-        if http_server is not None and http_task is not None:
-            http_server.should_exit = True
+        for server, _ in asgi:
+            server.should_exit = True
+        for _, task in asgi:
             with contextlib.suppress(Exception):
-                await http_task
+                await task
         if grpc_server is not None:
             await grpc_server.stop(args.exit_timeout_secs)
 
@@ -124,29 +170,55 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.DEBUG if args.log_verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if len(args.model_repository) != 1:
-        print("stubhost serve: only one --model-repository is supported for now", file=sys.stderr)
+        print("error: only one --model-repository is supported for now", file=sys.stderr)
         return 2
+    if args.model_control_mode == "none" and args.load_model:
+        print("error: --load-model needs --model-control-mode=explicit", file=sys.stderr)
+        return 2
+    for name in ("http", "grpc", "metrics"):
+        if getattr(args, f"{name}_address") is None:
+            setattr(args, f"{name}_address", args.host or "0.0.0.0")
+    try:
+        http_limits = Restrictions.parse(args.http_restricted_api, grpc=False)
+        grpc_limits = Restrictions.parse(args.grpc_restricted_protocol, grpc=True)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    sockets: dict[str, socket.socket] = {}
+    try:
+        for name in ("http", "metrics"):
+            if getattr(args, f"allow_{name}"):
+                sockets[name] = _bind(getattr(args, f"{name}_address"), getattr(args, f"{name}_port"))
+    except OSError as e:
+        for sock in sockets.values():
+            sock.close()
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     auto_complete = not (args.disable_auto_complete_config or args.strict_model_config)
     try:
         server = Server(args.model_repository[0], models=_models_to_load(args), exit_on_error=args.exit_on_error,
                         auto_complete_config=auto_complete)
-    except InferenceError as e:
-        log.error("%s", e.message)
-        print(f"error: creating server: {e.message}", file=sys.stderr)
+    except (InferenceError, OSError) as e:
+        for sock in sockets.values():
+            sock.close()
+        message = e.message if isinstance(e, InferenceError) else str(e)
+        print(f"error: creating server: {message}", file=sys.stderr)
         return 1
     service = InferenceService(server, model_control=args.model_control_mode == "explicit")
-    registry = service.registry
+    log_model_table(service)
     try:
         try:
             import uvloop
-            uvloop.run(_serve(args, service))
+            uvloop.run(_serve(args, service, sockets, http_limits, grpc_limits))
         except ImportError:
-            asyncio.run(_serve(args, service))
+            asyncio.run(_serve(args, service, sockets, http_limits, grpc_limits))
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
-        registry.close()
+        for sock in sockets.values():
+            sock.close()
+        service.registry.close()
         server.close()
     return 0
 

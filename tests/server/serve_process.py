@@ -69,7 +69,7 @@ class ServeProcess:
         """Starts the server and waits until both endpoints are up (or it exits)."""
         cmd = [sys.executable, "-m", "stubhost", "serve", "--model-repository", str(self.repository),
                "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--http-port", "0",
-               "--grpc-port", "0", *self.extra]
+               "--grpc-port", "0", "--metrics-port", "0", *self.extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env=self.env)
         self._reader = threading.Thread(target=self._read, daemon=True)

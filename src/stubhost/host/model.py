@@ -241,10 +241,9 @@ class LoadedModel:
                                               "found")
         return version
 
-    def _route(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, model_version: str | int,
-               request_id: str) -> tuple[int, ModelInstance, list[tuple[str, np.ndarray, int]], list[str]]:
+    def _route(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, version: int,
+               request_id: str) -> tuple[ModelInstance, list[tuple[str, np.ndarray, int]], list[str]]:
         """Validates a request and picks the least busy READY instance of its version."""
-        version = self.resolve_version(model_version)
         group = self.versions[version]
         tensors = self.checker.check_inputs(inputs, request_id)
         requested = self.checker.check_outputs(outputs, request_id)
@@ -252,7 +251,7 @@ class LoadedModel:
         if len(group) > 1:
             ready = [i for i in group if i.state is InstanceState.READY] or group
             instance = min(ready, key=ModelInstance.load_count)
-        return version, instance, tensors, requested
+        return instance, tensors, requested
 
     def _response(self, version: int, tensors: list[tuple[str, np.ndarray, int]], result: ExecuteResult,
                   begin: int, request_id: str) -> InferResponse:
@@ -279,11 +278,13 @@ class LoadedModel:
         begin = time.monotonic_ns()
         version: int | None = None
         try:
-            version, instance, tensors, requested = self._route(inputs, outputs, model_version, request_id)
+            version = self.resolve_version(model_version)
+            instance, tensors, requested = self._route(inputs, outputs, version, request_id)
             result = instance.execute(tensors, requested, request_id, parameters, correlation_id, flags, timeout)
             return self._response(version, tensors, result, begin, request_id)
         except InferenceError:
             if version is not None:  # a request for an unknown version has no statistics to count in
+                # (a request the model's checks refused counts as failed, as in Triton)
                 self.stats.record_failure(version, begin, time.monotonic_ns())
             raise
 
@@ -294,12 +295,14 @@ class LoadedModel:
         begin = time.monotonic_ns()
         version: int | None = None
         try:
-            version, instance, tensors, requested = self._route(inputs, outputs, model_version, request_id)
+            version = self.resolve_version(model_version)
+            instance, tensors, requested = self._route(inputs, outputs, version, request_id)
             result = await instance.execute_async(tensors, requested, request_id, parameters, correlation_id, flags,
                                                   timeout)
             return self._response(version, tensors, result, begin, request_id)
         except InferenceError:
             if version is not None:  # a request for an unknown version has no statistics to count in
+                # (a request the model's checks refused counts as failed, as in Triton)
                 self.stats.record_failure(version, begin, time.monotonic_ns())
             raise
 

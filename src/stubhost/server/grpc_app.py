@@ -20,6 +20,7 @@ from stubhost.host.errors import InferenceError
 from stubhost.server import grpc_codec
 from stubhost.server import grpc_service_pb2 as pb
 from stubhost.server.grpc_methods import generic_handler
+from stubhost.server.restricted import Restrictions
 from stubhost.server.service import InferenceService
 
 STATUS_OF_CODE = {
@@ -33,9 +34,34 @@ MAX_MESSAGE_BYTES = (1 << 31) - 1  # grpcio's largest; tensors are bounded by th
 Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
-def _guarded(handler: Handler) -> Handler:
-    """Turns InferenceError into the call's gRPC status."""
+# The restricted-API category of each RPC (Triton's names for --grpc-restricted-protocol).
+CATEGORY_OF_METHOD = {
+    "ServerLive": "health", "ServerReady": "health", "ModelReady": "health",
+    "ServerMetadata": "metadata", "ModelMetadata": "metadata",
+    "ModelInfer": "inference", "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config", "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository", "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory", "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory", "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory", "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace", "LogSettings": "logging",
+}
+
+
+def _refusal(restrictions: Restrictions, method: str, context: grpc.aio.ServicerContext) -> str | None:
+    if not restrictions:
+        return None
+    metadata = dict(context.invocation_metadata() or ())
+    return restrictions.refusal(CATEGORY_OF_METHOD[method], metadata.get, grpc=True)
+
+
+def _guarded(handler: Handler, method: str, restrictions: Restrictions) -> Handler:
+    """Refuses restricted calls and turns InferenceError into the call's gRPC status."""
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        refusal = _refusal(restrictions, method, context)
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
         try:
             return await handler(request, context)
         except InferenceError as e:
@@ -46,8 +72,9 @@ def _guarded(handler: Handler) -> Handler:
 class GrpcFrontend:
     """The servicer: one coroutine per RPC of the service."""
 
-    def __init__(self, service: InferenceService) -> None:
+    def __init__(self, service: InferenceService, restrictions: Restrictions | None = None) -> None:
         self.service = service
+        self.restrictions = restrictions or Restrictions()
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to a ``grpc.aio`` server."""
@@ -63,7 +90,8 @@ class GrpcFrontend:
             "CudaSharedMemoryStatus": self.cuda_status, "CudaSharedMemoryRegister": self.cuda_register,
             "CudaSharedMemoryUnregister": self.cuda_unregister,
         }
-        behaviors: dict[str, Callable[..., Any]] = {name: _guarded(fn) for name, fn in unary.items()}
+        behaviors: dict[str, Callable[..., Any]] = {name: _guarded(fn, name, self.restrictions)
+                                                    for name, fn in unary.items()}
         behaviors["ModelStreamInfer"] = self.model_stream_infer
         return generic_handler(behaviors)
 
@@ -169,6 +197,9 @@ class GrpcFrontend:
                                  context: Any) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Answers each request of the stream as it finishes; the stream ends after the client's
         last request has been answered."""
+        refusal = _refusal(self.restrictions, "ModelStreamInfer", context)
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
         done: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         pending: set[asyncio.Task[None]] = set()
 
@@ -199,12 +230,13 @@ class GrpcFrontend:
                 task.cancel()
 
 
-def create_grpc_server(service: InferenceService, address: str) -> tuple[grpc.aio.Server, int]:
+def create_grpc_server(service: InferenceService, address: str, *, restrictions: Restrictions | None = None,
+                       max_message: int = MAX_MESSAGE_BYTES) -> tuple[grpc.aio.Server, int]:
     """A ``grpc.aio`` server bound to ``address`` (``host:port``, port 0: any free one), not yet
-    started, and the port it is bound to."""
+    started, and the port it is bound to. ``max_message`` bounds a message in bytes."""
     server = grpc.aio.server(options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                                      ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
-    server.add_generic_rpc_handlers((GrpcFrontend(service).handler(),))
+                                      ("grpc.max_receive_message_length", min(max_message, MAX_MESSAGE_BYTES))])
+    server.add_generic_rpc_handlers((GrpcFrontend(service, restrictions).handler(),))
     try:
         port = server.add_insecure_port(address)
     except RuntimeError:  # grpcio raises where older versions returned 0

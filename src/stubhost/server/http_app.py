@@ -20,6 +20,7 @@ import orjson
 
 from stubhost.host.errors import InferenceError
 from stubhost.server import http_codec
+from stubhost.server.restricted import Restrictions
 from stubhost.server.service import InferenceService
 
 Scope = dict[str, Any]
@@ -83,11 +84,22 @@ def _compress(chunks: list[bytes | memoryview], encoding: str) -> bytes:
 
 
 class HttpFrontend:
-    """The ASGI application. ``max_body`` bounds a request body in bytes."""
+    """The ASGI application. ``max_body`` bounds a request body in bytes; ``restrictions`` are
+    the ``--http-restricted-api`` groups (403 without the header)."""
 
-    def __init__(self, service: InferenceService, *, max_body: int = DEFAULT_MAX_BODY) -> None:
+    def __init__(self, service: InferenceService, *, max_body: int = DEFAULT_MAX_BODY,
+                 restrictions: Restrictions | None = None) -> None:
         self.service = service
         self.max_body = max_body
+        self.restrictions = restrictions or Restrictions()
+
+    def _guard(self, scope: Scope, category: str) -> None:
+        if not self.restrictions:
+            return
+        refusal = self.restrictions.refusal(category, lambda h: self._header(scope, h.encode("latin-1")) or None,
+                                            grpc=False)
+        if refusal is not None:
+            raise HttpError(403, refusal)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -159,11 +171,13 @@ class HttpFrontend:
         service = self.service
         if not rest:
             self._method(method, "GET")
+            self._guard(scope, "metadata")
             await self._reply(send, 200, orjson.dumps(service.metadata()))
             return
         head = rest[0]
         if head == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
             self._method(method, "GET")
+            self._guard(scope, "health")
             ok = service.live() if rest[1] == "live" else service.ready()
             await self._reply(send, 200 if ok else 400, headers=[])
             return
@@ -171,9 +185,11 @@ class HttpFrontend:
             await self._models(scope, receive, send, method, rest[1:])
             return
         if head == "repository":
+            self._guard(scope, "model-repository")
             await self._repository(scope, receive, send, method, rest[1:])
             return
         if head in ("systemsharedmemory", "cudasharedmemory"):
+            self._guard(scope, "shared-memory")
             await self._shared_memory(scope, receive, send, method, head == "cudasharedmemory", rest[1:])
             return
         raise HttpError(404, "Not Found")
@@ -187,6 +203,7 @@ class HttpFrontend:
         service = self.service
         if rest == ["stats"]:
             self._method(method, "GET")
+            self._guard(scope, "statistics")
             await self._reply(send, 200, orjson.dumps(service.statistics()))
             return
         if not rest or not rest[0]:
@@ -200,18 +217,23 @@ class HttpFrontend:
             raise HttpError(404, "Not Found")
         if action == "infer":
             self._method(method, "POST")
+            self._guard(scope, "inference")
             await self._infer(scope, receive, send, name, version)
         elif action == "":
             self._method(method, "GET")
+            self._guard(scope, "metadata")
             await self._reply(send, 200, orjson.dumps(service.model_metadata(name, version)))
         elif action == "ready":
             self._method(method, "GET")
+            self._guard(scope, "health")
             await self._reply(send, 200 if service.model_ready(name, version) else 400, headers=[])
         elif action == "config":
             self._method(method, "GET")
+            self._guard(scope, "model-config")
             await self._reply(send, 200, orjson.dumps(service.model_config(name, version)))
         elif action == "stats":
             self._method(method, "GET")
+            self._guard(scope, "statistics")
             await self._reply(send, 200, orjson.dumps(service.statistics(name, version)))
         else:
             raise HttpError(404, "Not Found")

@@ -28,6 +28,8 @@ from stubhost.tensor import numpy_to_triton_dtype, triton_to_numpy_dtype
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "system_shared_memory",
               "cuda_shared_memory", "parameters"]
 
+MAX_TENSORS = 1024  # default limit on inputs, and on requested outputs, of one request
+
 # Request parameters that steer the server (as in Triton) rather than reach the model.
 _SEQUENCE_ID = "sequence_id"
 _SEQUENCE_START = "sequence_start"
@@ -72,11 +74,12 @@ class InferenceService:
     """KServe v2 health, metadata, inference, repository, statistics and shared-memory calls."""
 
     def __init__(self, server: Server, registry: SharedMemoryRegistry | None = None, *,
-                 model_control: bool = False) -> None:
+                 model_control: bool = False, max_tensors: int = MAX_TENSORS) -> None:
         self.server = server
         self.registry = registry if registry is not None else SharedMemoryRegistry(
             on_unregister=lambda region: server.forget_region(region.id))
         self.model_control = model_control  # explicit mode: clients may load and unload models
+        self.max_tensors = max_tensors      # inputs, and requested outputs, per request
 
     # ---- health and metadata ---------------------------------------------------------------------
     def live(self) -> bool:
@@ -146,6 +149,10 @@ class InferenceService:
     async def infer(self, request: InferRequest) -> InferResult:
         """Runs one decoded request: inputs in client regions are read in place, outputs bound
         for client regions are copied there once."""
+        for kind, count in (("inputs", len(request.inputs)), ("requested outputs", len(request.outputs))):
+            if count > self.max_tensors:
+                raise InferenceError("INVALID_ARG", f"request has {count} {kind}, more than the limit of "
+                                                    f"{self.max_tensors}")
         leases: list[RegionLease] = []
         try:
             inputs = self._inputs(request, leases)
