@@ -62,3 +62,19 @@ def pool() -> Iterator[_core.Pool]:
 def spawn() -> multiprocessing.context.SpawnContext:
     """A multiprocessing context that starts clean interpreters (no inherited mappings or locks)."""
     return multiprocessing.get_context("spawn")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` run where a CUDA GPU can be used and are skipped, with the reason,
+    everywhere else."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_tests:
+        return
+    from stubhost.gpu import cuda
+
+    reason = cuda.unavailable_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"needs a CUDA GPU: {reason}")
+    for item in gpu_tests:
+        item.add_marker(skip)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from stubhost import _core
+from stubhost.gpu import cuda
 from stubhost.host.errors import InferenceError
 from stubhost.host.repository import scan_repository
 from stubhost.host.server import Server
@@ -77,7 +78,7 @@ class InferenceService:
                  model_control: bool = False, max_tensors: int = MAX_TENSORS) -> None:
         self.server = server
         self.registry = registry if registry is not None else SharedMemoryRegistry(
-            on_unregister=lambda region: server.forget_region(region.id))
+            cuda_opener=cuda.cuda_opener(), on_unregister=lambda region: server.forget_region(region.id))
         self.model_control = model_control  # explicit mode: clients may load and unload models
         self.max_tensors = max_tensors      # inputs, and requested outputs, per request
 
@@ -182,14 +183,13 @@ class InferenceService:
                 raise InferenceError("INVALID_ARG", f"input '{tensor.name}' has no data")
         return inputs
 
-    def _shm_input(self, tensor: InputTensor, model_name: str, leases: list[RegionLease]) -> RegionTensor:
-        """An input that stays in a client's system region: the stub reads it in place."""
+    def _shm_input(self, tensor: InputTensor, model_name: str,
+                   leases: list[RegionLease]) -> RegionTensor | np.ndarray:
+        """An input in a client's region: a system region is read in place by the stub; a CUDA
+        region is copied to the host here (GPU tensors reach models in a later step)."""
         assert tensor.shm is not None
         lease = self.registry.acquire(tensor.shm)
         leases.append(lease)
-        if lease.kind != "system":
-            raise InferenceError("UNSUPPORTED", f"input '{tensor.name}': CUDA shared memory inputs are not "
-                                                "supported without a GPU")
         try:
             dtype = triton_to_numpy_dtype(_core.dtype_from_name(tensor.datatype))
         except (TypeError, ValueError, _core.CoreError):
@@ -201,9 +201,25 @@ class InferenceService:
                 raise InferenceError("INVALID_ARG", f"input byte size mismatch for input '{tensor.name}' for model "
                                                     f"'{model_name}'. Expected {expected}, got {lease.byte_size}")
         region = lease.region
-        assert isinstance(region, SystemRegion)
+        if not isinstance(region, SystemRegion):
+            return self._cuda_input(tensor, lease, dtype)
         client = ClientRegion(region.id, region.key, region.offset, region.byte_size)
         return RegionTensor(client, lease.offset, lease.byte_size, dtype, tuple(tensor.shape))
+
+    @staticmethod
+    def _cuda_input(tensor: InputTensor, lease: RegionLease, dtype: np.dtype) -> np.ndarray:
+        host = np.empty(lease.byte_size, dtype=np.uint8)
+        try:
+            lease.region.handle.read(lease.offset, host)
+        except Exception as e:  # a CUDA failure is the server's, not the client's
+            raise InferenceError("INTERNAL", f"failed to read input '{tensor.name}' from CUDA shared memory "
+                                             f"region '{lease.name}': {e}") from None
+        if dtype.kind == "O":
+            try:
+                return _core.decode_bytes(host, math.prod(tensor.shape)).reshape(tensor.shape)
+            except (_core.CoreError, ValueError) as e:
+                raise InferenceError("INVALID_ARG", f"input '{tensor.name}': malformed BYTES data: {e}") from None
+        return host.view(dtype).reshape(tensor.shape)
 
     def _destination(self, spec: RequestedOutput, leases: list[RegionLease]) -> RegionDestination | str:
         """Where the stub should write an output the client placed in a system region (a CUDA
@@ -245,18 +261,21 @@ class InferenceService:
         assert spec.shm is not None
         lease = self.registry.acquire(spec.shm)
         leases.append(lease)
-        if lease.kind != "system":
-            raise InferenceError("UNSUPPORTED", f"output '{spec.name}': CUDA shared memory outputs are not "
-                                                "supported without a GPU")
-        buffer = lease.buffer
         if array.dtype.kind == "O":
             data = _core.encode_bytes(array.ravel())
             size = len(data)
         else:
             data = np.ascontiguousarray(array)
             size = data.nbytes
-        if size > len(buffer):
+        if size > lease.byte_size:
             raise InferenceError("INVALID_ARG", f"shared memory size specified with the request for output "
-                                                f"'{spec.name}' ({len(buffer)} bytes) should be at least {size} "
+                                                f"'{spec.name}' ({lease.byte_size} bytes) should be at least {size} "
                                                 "bytes to hold the results")
-        buffer[:size] = memoryview(data).cast("B") if size else b""
+        if lease.buffer is not None:
+            lease.buffer[:size] = memoryview(data).cast("B") if size else b""
+            return
+        try:  # a CUDA region: one host-to-device copy
+            lease.region.handle.write(lease.offset, memoryview(data).cast("B"))
+        except Exception as e:
+            raise InferenceError("INTERNAL", f"failed to write output '{spec.name}' to CUDA shared memory "
+                                             f"region '{lease.name}': {e}") from None
