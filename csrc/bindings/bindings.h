@@ -41,6 +41,10 @@ Pool& open_pool(const std::shared_ptr<Pool>& pool);
 /// Returns the last result (falsy on timeout).
 template <class Attempt>
 auto interruptible(std::optional<double> timeout, Attempt&& attempt) {
+  // First a poll with the GIL held: an operation that can complete at once (a push with room, a
+  // reply already there) costs less than releasing and retaking the GIL, and retaking it may
+  // wait behind other Python threads.
+  if (auto result = attempt(Deadline::after(0.0)); result || (timeout && *timeout <= 0)) return result;
   const Deadline total = Deadline::after(timeout);
   for (;;) {
     decltype(attempt(total)) result;

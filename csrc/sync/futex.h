@@ -68,6 +68,7 @@ void yield_cpu() noexcept;
 /// Spins until ready() is true or the adaptive budget (or the deadline) runs out.
 template <class Ready>
 bool spin_until(Ready&& ready, const Deadline& deadline) {
+  if (deadline.expired()) return ready();  // a poll: no spin, and nothing learned about spinning
   const auto budget = adaptive_spin();
   if (budget.count() <= 0) return ready();
   const auto stop = Clock::now() + budget;

@@ -59,9 +59,6 @@ def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():  # the caller may have timed out or been cancelled meanwhile
         future.set_result(None)
 IS_READY_TIMEOUT_S = 5.0
-# How long an async caller that is the only one in flight on its stub waits for the answer in
-# place before it yields to its event loop (an answer in time saves two thread wake-ups).
-INLINE_WAIT_S = 150e-6
 
 
 class InstanceState(enum.Enum):
@@ -318,11 +315,6 @@ class ModelInstance:
         message, record = self._send(process, tensors, outputs, request_id, parameters, correlation_id, flags,
                                      timeout, on_reply)
         sent = time.monotonic_ns()
-        if len(process.inflight) == 1 and message.wait_reply(INLINE_WAIT_S) and \
-                process.waiters.pop(message.handle, None) is not None:
-            # Alone on this stub and answered at once: waking this loop from another thread
-            # would cost more than the short wait did.
-            return self._finish(process, message, record, sent)
         try:
             await asyncio.wait_for(done, timeout)
         except asyncio.TimeoutError:
