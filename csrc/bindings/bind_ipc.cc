@@ -120,6 +120,8 @@ void bind_ipc(py::module_& m) {
       .def_property_readonly("inline_reply", &IPCMessage::inline_reply)
       .def_property_readonly("notify", &IPCMessage::notify,
                              "After replying, the responder also pushes this handle on the parent queue.")
+      .def_property_readonly("answered", &IPCMessage::answered,
+                             "True once the reply is complete; unlike wait_reply(), consumes nothing.")
       .def_property_readonly("reply_status", &IPCMessage::reply_status)
       .def_property_readonly("reply_args", &IPCMessage::reply_args)
       .def("reply", &IPCMessage::reply, py::arg("status") = 0, py::arg("args") = 0,

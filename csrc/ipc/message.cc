@@ -40,8 +40,15 @@ void IPCMessage::reply(uint32_t status, uint64_t reply_args) {
   }
   m_->reply_status = status;
   m_->reply_args = reply_args;
-  // SYNC POINT WRITE: post() releases the two fields above to the waiter.
+  // SYNC POINT WRITE: post() releases the two fields above to the waiter, and the store of 2
+  // releases them to answered() readers.
   m_->reply_ready.post();
+  m_->replied.store(2, std::memory_order_release);
+}
+
+bool IPCMessage::answered() const noexcept {
+  // SYNC POINT READ: pairs with the store of 2 in reply().
+  return m_->replied.load(std::memory_order_acquire) == 2;
 }
 
 void IPCMessage::release() {

@@ -53,7 +53,7 @@ struct IPCMessageShm {
   uint64_t reply_args;     // handle of the reply's payload, or 0
   ShmSemaphore reply_ready;
   std::atomic<uint32_t> refs;     // holders left: 2 with an inline reply (sender, responder), else 1
-  std::atomic<uint32_t> replied;  // set by the first reply(); a second one is refused
+  std::atomic<uint32_t> replied;  // 1 once reply() began (a second one is refused), 2 once it posted
 };
 static_assert(offsetof(IPCMessageShm, args) == 8, "message layout");
 static_assert(offsetof(IPCMessageShm, reply_args) == 32, "message layout");
@@ -89,6 +89,9 @@ class IPCMessage {
   void release();
   /// Waits for reply() (sender side). Returns false on timeout.
   bool wait_reply(const Deadline& deadline);
+  /// True once the reply is complete. Unlike wait_reply(), it consumes nothing, so any number of
+  /// threads may ask (wait_reply takes the one wake-up the reply posts).
+  bool answered() const noexcept;
 
  private:
   IPCMessage(std::shared_ptr<Pool> pool, uint64_t handle, IPCMessageShm* m)

@@ -320,3 +320,17 @@ def test_one_way_message_is_freed_by_its_receiver(pool: _core.Pool) -> None:
     assert msg.inline_reply is False
     IPCMessage.attach(pool, msg.handle).release()
     assert (pool.used_bytes, pool.allocations) == baseline
+
+
+def test_answered_tells_a_complete_reply_without_taking_the_wake_up(pool: _core.Pool) -> None:
+    msg = IPCMessage.create(pool, Command.PING, inline_reply=True)
+    try:
+        assert not msg.answered
+        msg.reply(0, 0)
+        assert msg.answered and msg.answered  # any number of readers
+        assert msg.wait_reply(0)              # the one wake-up is still there for the waiter
+        assert not msg.wait_reply(0)          # and wait_reply took it
+        assert msg.answered
+    finally:
+        msg.release()
+        msg.release()

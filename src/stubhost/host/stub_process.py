@@ -251,9 +251,11 @@ class StubProcess:
 
     def _notify(self, handle: int) -> None:
         message = self.inflight.get(handle)
-        if message is not None and not message.wait_reply(0):
-            # A stale notification: its message was finished without it (an async caller that
-            # waited in place), and the handle now names a newer message, not answered yet.
+        if message is not None and not message.answered:
+            # A stale notification: its message was finished without it (by the safety-net poll
+            # below, when the stub's push came late), and the handle now names a newer message
+            # that is not answered yet. (`answered` consumes nothing: a waiter may still need
+            # the wake-up that wait_reply takes.)
             return
         on_reply = self.waiters.pop(handle, None)  # atomic: whoever pops it calls it, once
         if on_reply is not None:
