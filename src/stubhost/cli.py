@@ -156,13 +156,17 @@ async def _serve(args: argparse.Namespace, service: InferenceService, sockets: d
         await stop.wait()
         log.info("stopping: no new requests; waiting up to %ss for requests in flight", args.exit_timeout_secs)
     finally:
+        # Every endpoint stops taking new requests at once; requests in flight get the exit
+        # timeout to finish. gRPC would also wait for idle streams, so once no request runs any
+        # more, its remaining calls are ended (as Triton waits for requests, not connections).
         for server, _ in asgi:
             server.should_exit = True
-        for _, task in asgi:
-            with contextlib.suppress(Exception):
-                await task
+        draining = [task for _, task in asgi]
         if grpc_server is not None:
-            await grpc_server.stop(args.exit_timeout_secs)
+            draining.append(asyncio.ensure_future(grpc_server.stop(args.exit_timeout_secs)))
+            await service.drained(args.exit_timeout_secs)
+            await grpc_server.stop(0)
+        await asyncio.gather(*draining, return_exceptions=True)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -198,9 +202,12 @@ def serve(args: argparse.Namespace) -> int:
     try:
         server = Server(args.model_repository[0], models=_models_to_load(args), exit_on_error=args.exit_on_error,
                         auto_complete_config=auto_complete)
-    except (InferenceError, OSError) as e:
+    except (InferenceError, OSError, KeyboardInterrupt) as e:
         for sock in sockets.values():
             sock.close()
+        if isinstance(e, KeyboardInterrupt):
+            print("error: interrupted while loading models", file=sys.stderr)
+            return 130
         message = e.message if isinstance(e, InferenceError) else str(e)
         print(f"error: creating server: {message}", file=sys.stderr)
         return 1

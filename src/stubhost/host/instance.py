@@ -285,11 +285,13 @@ class ModelInstance:
 
     def execute(self, tensors: list[tuple[str, np.ndarray, int]], outputs: list[str | RegionDestination], request_id: str,
                 parameters: str, correlation_id: int | str, flags: int,
-                timeout: float | None) -> ExecuteResult:
-        """Runs one request; its output arrays are views of the pool."""
+                timeout: float | None, *, timeout_us: int | None = None) -> ExecuteResult:
+        """Runs one request; its output arrays are views of the pool. ``timeout`` bounds the
+        wait (a request still running then is taken for a hung stub); ``timeout_us`` is what the
+        model sees as ``request.timeout()`` (default: ``timeout``)."""
         process = self._wait_ready(timeout)
         message, record = self._send(process, tensors, outputs, request_id, parameters, correlation_id, flags,
-                                     timeout, None)
+                                     timeout, None, timeout_us)
         sent = time.monotonic_ns()
         if not process.wait(message, timeout):
             raise self._timed_out(process, message, record, timeout)
@@ -297,7 +299,7 @@ class ModelInstance:
 
     async def execute_async(self, tensors: list[tuple[str, np.ndarray, int]], outputs: list[str | RegionDestination], request_id: str,
                             parameters: str, correlation_id: int | str, flags: int,
-                            timeout: float | None) -> ExecuteResult:
+                            timeout: float | None, *, timeout_us: int | None = None) -> ExecuteResult:
         """``execute`` for asyncio: no thread waits; the stub process's completion thread wakes
         the caller's event loop when the reply is in."""
         loop = asyncio.get_running_loop()
@@ -313,7 +315,7 @@ class ModelInstance:
                 pass  # the caller's loop is closed: nobody is left to wake
 
         message, record = self._send(process, tensors, outputs, request_id, parameters, correlation_id, flags,
-                                     timeout, on_reply)
+                                     timeout, on_reply, timeout_us)
         sent = time.monotonic_ns()
         try:
             await asyncio.wait_for(done, timeout)
@@ -327,11 +329,12 @@ class ModelInstance:
     def _send(self, process: StubProcess, tensors: list[tuple[str, np.ndarray, int]],
               outputs: list[str | RegionDestination],
               request_id: str, parameters: str, correlation_id: int | str, flags: int, timeout: float | None,
-              on_reply: Callable[[], None] | None) -> tuple[IPCMessage, int]:
+              on_reply: Callable[[], None] | None, timeout_us: int | None = None) -> tuple[IPCMessage, int]:
         """Writes the request record and queues its Execute message."""
         pool = process.pool
         corr_int, corr_text = (correlation_id, "") if isinstance(correlation_id, int) else (0, correlation_id)
-        timeout_us = int(timeout * 1e6) if timeout is not None else 0
+        if timeout_us is None:
+            timeout_us = int(timeout * 1e6) if timeout is not None else 0
         entries: list[tuple[Any, ...]] = tensors  # type: ignore[assignment]
         if any(type(t[1]) is RegionTensor for t in tensors):
             entries = [self._region_entry(process, t) if type(t[1]) is RegionTensor else t for t in tensors]
@@ -342,8 +345,11 @@ class ModelInstance:
             record = _core.write_record(pool, _REQUEST, 0, (flags, corr_int, timeout_us),
                                         (request_id, parameters, corr_text, *names), entries)
         except (_core.PoolFullError, _core.LockTimeoutError, _core.ShmError, _core.ShmSpaceError) as e:
+            # The core's text names segments, which clients must never see (ARCHITECTURE §5): it
+            # goes to the log only.
+            log.warning("instance '%s': no room for a request: %s", self.name, e)
             raise InferenceError("UNAVAILABLE", f"no room for the request in the shared memory of instance "
-                                                f"'{self.name}': {e}") from None
+                                                f"'{self.name}'") from None
         except (_core.CoreError, TypeError, ValueError) as e:
             raise InferenceError("INVALID_ARG", f"[request id: {request_id or '<id_unknown>'}] {e}") from None
         try:

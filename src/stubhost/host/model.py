@@ -273,14 +273,15 @@ class LoadedModel:
 
     def infer(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, model_version: str | int,
               parameters: str, request_id: str, timeout: float | None, correlation_id: int | str,
-              flags: int) -> InferResponse:
+              flags: int, *, timeout_us: int | None = None) -> InferResponse:
         """Validates, routes to the least busy READY instance, and returns the response."""
         begin = time.monotonic_ns()
         version: int | None = None
         try:
             version = self.resolve_version(model_version)
             instance, tensors, requested = self._route(inputs, outputs, version, request_id)
-            result = instance.execute(tensors, requested, request_id, parameters, correlation_id, flags, timeout)
+            result = instance.execute(tensors, requested, request_id, parameters, correlation_id, flags, timeout,
+                                      timeout_us=timeout_us)
             return self._response(version, tensors, result, begin, request_id)
         except InferenceError:
             if version is not None:  # a request for an unknown version has no statistics to count in
@@ -290,7 +291,7 @@ class LoadedModel:
 
     async def infer_async(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, model_version: str | int,
                           parameters: str, request_id: str, timeout: float | None, correlation_id: int | str,
-                          flags: int) -> InferResponse:
+                          flags: int, *, timeout_us: int | None = None) -> InferResponse:
         """``infer`` for asyncio callers (no thread waits for the reply)."""
         begin = time.monotonic_ns()
         version: int | None = None
@@ -298,7 +299,7 @@ class LoadedModel:
             version = self.resolve_version(model_version)
             instance, tensors, requested = self._route(inputs, outputs, version, request_id)
             result = await instance.execute_async(tensors, requested, request_id, parameters, correlation_id, flags,
-                                                  timeout)
+                                                  timeout, timeout_us=timeout_us)
             return self._response(version, tensors, result, begin, request_id)
         except InferenceError:
             if version is not None:  # a request for an unknown version has no statistics to count in

@@ -246,11 +246,13 @@ class Server:
                                    outputs: Sequence[str] | None = None, model_version: str | int = "",
                                    parameters: Mapping[str, Any] | None = None, request_id: str = "",
                                    timeout: float | None = None, correlation_id: int | str = 0,
-                                   flags: int = 0) -> InferResponse:
-        """``infer_response`` for asyncio callers."""
+                                   flags: int = 0, request_timeout_us: int | None = None) -> InferResponse:
+        """``infer_response`` for asyncio callers. ``request_timeout_us`` (a client's request
+        ``timeout`` parameter) is only shown to the model as ``request.timeout()``: unlike
+        ``timeout`` it never ends the call nor marks the instance hung."""
         model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
         return await model.infer_async(inputs, outputs, model_version, params, request_id, timeout,
-                                       correlation_id, flags)
+                                       correlation_id, flags, timeout_us=request_timeout_us)
 
     def statistics(self, name: str = "", version: str | int = "") -> dict[str, Any]:
         """Triton's statistics-extension answer: ``{"model_stats": [...]}`` for one model (and

@@ -181,14 +181,20 @@ class GrpcFrontend:
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # ---- inference -------------------------------------------------------------------------------
-    async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         result = await self.service.infer(grpc_codec.decode_infer_request(request))
-        return grpc_codec.encode_infer_response(result)
+        try:
+            return grpc_codec.encode_infer_response(result)
+        except (TypeError, ValueError) as e:  # an output that cannot be sent: the server's fault
+            raise InferenceError("INTERNAL", f"failed to encode the response of model '{request.model_name}': "
+                                             f"{e}") from None
+
+    async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        return await self._infer(request)
 
     async def _stream_one(self, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
         try:
-            result = await self.service.infer(grpc_codec.decode_infer_request(request))
-            return pb.ModelStreamInferResponse(infer_response=grpc_codec.encode_infer_response(result))
+            return pb.ModelStreamInferResponse(infer_response=await self._infer(request))
         except InferenceError as e:
             return pb.ModelStreamInferResponse(error_message=e.message,
                                                infer_response=pb.ModelInferResponse(id=request.id))
@@ -235,7 +241,9 @@ def create_grpc_server(service: InferenceService, address: str, *, restrictions:
     """A ``grpc.aio`` server bound to ``address`` (``host:port``, port 0: any free one), not yet
     started, and the port it is bound to. ``max_message`` bounds a message in bytes."""
     server = grpc.aio.server(options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                                      ("grpc.max_receive_message_length", min(max_message, MAX_MESSAGE_BYTES))])
+                                      ("grpc.max_receive_message_length", min(max_message, MAX_MESSAGE_BYTES)),
+                                      # a taken port must fail, not be shared with another server
+                                      ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((GrpcFrontend(service, restrictions).handler(),))
     try:
         port = server.add_insecure_port(address)

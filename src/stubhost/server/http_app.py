@@ -55,16 +55,23 @@ def _json_body(body: bytes) -> Any:
         raise InferenceError("INVALID_ARG", f"failed to parse the request JSON buffer: {e}") from None
 
 
-def _decompress(body: bytes, encoding: str) -> bytes:
-    """Undoes a request's Content-Encoding (gzip or deflate, as tritonclient may send)."""
+def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """Undoes a request's Content-Encoding (gzip or deflate, as tritonclient may send); the
+    expanded body is held to the same limit as a plain one (no decompression bombs)."""
     if encoding in ("", "identity"):
         return body
     if encoding not in ("gzip", "deflate"):
         raise HttpError(415, f"unsupported content encoding '{encoding}'")
+    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
     try:
-        return zlib.decompress(body, wbits=31 if encoding == "gzip" else 15)
+        out = inflater.decompress(body, limit + 1)
     except zlib.error as e:
         raise InferenceError("INVALID_ARG", f"failed to decompress the request body: {e}") from None
+    if len(out) > limit:
+        raise HttpError(413, f"decompressed request body is larger than the limit of {limit} bytes")
+    if not inflater.eof:
+        raise InferenceError("INVALID_ARG", "failed to decompress the request body: it is truncated")
+    return out
 
 
 def _compressor(accept: str) -> str:
@@ -240,7 +247,7 @@ class HttpFrontend:
 
     async def _infer(self, scope: Scope, receive: Receive, send: Send, name: str, version: str) -> None:
         body = await self._read_body(scope, receive)
-        body = _decompress(body, self._header(scope, b"content-encoding"))
+        body = _decompress(body, self._header(scope, b"content-encoding"), self.max_body)
         length_text = self._header(scope, HEADER_LENGTH)
         header_length = None
         if length_text:

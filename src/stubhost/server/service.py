@@ -42,8 +42,12 @@ _FLAG_START = 1
 _FLAG_END = 2
 
 
-def _request_controls(request: InferRequest) -> tuple[dict[str, Any], int | str, int, float | None]:
-    """Splits the request parameters into (model parameters, correlation id, flags, timeout s)."""
+def _request_controls(request: InferRequest) -> tuple[dict[str, Any], int | str, int, int | None]:
+    """Splits the request parameters into (model parameters, correlation id, flags, timeout µs).
+
+    The timeout is only shown to the model (``request.timeout()``): as in Triton, a client's
+    request timeout never ends a request that is already executing.
+    """
     params = request.parameters
     if not params:
         return {}, 0, 0, None
@@ -62,7 +66,7 @@ def _request_controls(request: InferRequest) -> tuple[dict[str, Any], int | str,
         if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us < 0:
             raise InferenceError("INVALID_ARG", f"parameter '{_TIMEOUT}' must be a non-negative integer of "
                                                 "microseconds")
-        timeout = timeout_us / 1e6 if timeout_us else None
+        timeout = timeout_us or None
     model_params = {k: v for k, v in params.items() if k not in _RESERVED}
     return model_params, correlation, flags, timeout
 
@@ -81,6 +85,7 @@ class InferenceService:
             cuda_opener=cuda.cuda_opener(), on_unregister=lambda region: server.forget_region(region.id))
         self.model_control = model_control  # explicit mode: clients may load and unload models
         self.max_tensors = max_tensors      # inputs, and requested outputs, per request
+        self.inflight = 0                   # inference requests running now (for a graceful stop)
 
     # ---- health and metadata ---------------------------------------------------------------------
     def live(self) -> bool:
@@ -94,7 +99,8 @@ class InferenceService:
     def metadata(self) -> dict[str, Any]:
         """Server metadata: name, version and the extensions that work."""
         meta = self.server.metadata()
-        meta["extensions"] = list(EXTENSIONS)
+        # Like a Triton built without GPU support, no CUDA shared memory where no GPU is usable.
+        meta["extensions"] = [e for e in EXTENSIONS if e != "cuda_shared_memory" or self.registry.cuda_supported]
         return meta
 
     def model_ready(self, name: str, version: str = "") -> bool:
@@ -154,21 +160,34 @@ class InferenceService:
             if count > self.max_tensors:
                 raise InferenceError("INVALID_ARG", f"request has {count} {kind}, more than the limit of "
                                                     f"{self.max_tensors}")
+        for spec in request.outputs:
+            if spec.classification:  # refused before the model runs, not after
+                raise InferenceError("UNSUPPORTED", f"output '{spec.name}': the classification extension is "
+                                                    "not supported")
         leases: list[RegionLease] = []
+        self.inflight += 1
         try:
             inputs = self._inputs(request, leases)
             params, correlation, flags, timeout = _request_controls(request)
             names = [self._destination(o, leases) if o.shm is not None else o.name for o in request.outputs] or None
             response = await self.server.infer_response_async(
                 request.model_name, inputs, outputs=names, model_version=request.model_version,
-                parameters=params, request_id=request.id, timeout=timeout, correlation_id=correlation,
-                flags=flags)
+                parameters=params, request_id=request.id, correlation_id=correlation, flags=flags,
+                request_timeout_us=timeout)
             outputs = self._outputs(request, response.outputs, leases)
             return InferResult(request.model_name, str(response.model_version), request.id,
                                response.parameters, outputs)
         finally:
+            self.inflight -= 1
             for lease in leases:
                 lease.release()
+
+    async def drained(self, timeout: float) -> bool:
+        """Waits (at most `timeout` s) until no inference request is running; True if none is."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.inflight and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        return not self.inflight
 
     def _inputs(self, request: InferRequest, leases: list[RegionLease]) -> dict[str, np.ndarray | RegionTensor]:
         inputs: dict[str, np.ndarray | RegionTensor] = {}
@@ -241,9 +260,6 @@ class InferenceService:
             array = arrays.get(spec.name)
             if array is None:
                 continue  # the model did not produce it (Triton leaves it out too)
-            if spec.classification:
-                raise InferenceError("UNSUPPORTED", f"output '{spec.name}': the classification extension is "
-                                                    "not supported")
             if isinstance(array, RegionOutput):  # the stub wrote it into the client's region
                 outputs.append(OutputTensor(spec.name, _core.dtype_name(_core.DataType(array.dtype)),
                                             list(array.shape), None, spec.shm))

@@ -339,6 +339,11 @@ class SharedMemoryRegistry:
 
     # ---------------------------------------------------------------- unregistration and status
 
+    @property
+    def cuda_supported(self) -> bool:
+        """Whether CUDA regions can be registered here (a CUDA opener was given)."""
+        return self._cuda_opener is not None
+
     def unregister_system(self, name: str | None = None) -> None:
         """Unregisters the system region ``name``, or every system region when ``name`` is None/empty.
 

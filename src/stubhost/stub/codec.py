@@ -83,6 +83,12 @@ def _place(tensor: Tensor, where: tuple[int, int, int], targets: dict[int, memor
     return (tensor._name, array.shape, tensor._dtype, region, offset, nbytes)
 
 
+def _no_room(pool: Pool, request: InferenceRequest, next_handle: int, times: tuple[int, int, int]) -> int:
+    # The core's text names segments, which clients must never see (ARCHITECTURE §5).
+    return write_error(pool, f"failed to send the response of request '{request.request_id()}': no room in "
+                             "the instance's shared memory", next_handle=next_handle, times=times)
+
+
 class _TooSmall(ValueError):
     """A client region cannot hold an output (the client's mistake: INVALID_ARG)."""
 
@@ -110,11 +116,15 @@ def write_response(pool: Pool, request: InferenceRequest, response: InferenceRes
             tensors = [(t._name, t._array, t._dtype) for t in outputs]
     except _TooSmall as e:
         return write_error(pool, str(e), _INVALID_ARG, next_handle, times)
+    except (_core.PoolFullError, _core.ShmError, _core.ShmSpaceError):
+        return _no_room(pool, request, next_handle, times)
     except (_core.CoreError, TypeError, ValueError) as e:
         return write_error(pool, f"failed to send the response of request '{request.request_id()}': {e}",
                            next_handle=next_handle, times=times)
     try:
         return _core.write_record(pool, _RESPONSE, 0, times, ("", response.parameters()), tensors, next_handle)
+    except (_core.PoolFullError, _core.ShmError, _core.ShmSpaceError):
+        return _no_room(pool, request, next_handle, times)
     except (_core.CoreError, TypeError, ValueError) as e:
         return write_error(pool, f"failed to send the response of request '{request.request_id()}': {e}",
                            next_handle=next_handle, times=times)
