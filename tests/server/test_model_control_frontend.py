@@ -1,0 +1,190 @@
+"""Repository index, load and unload through `stubhost serve --model-control-mode explicit`, on
+HTTP and gRPC: models load and unload on request, the index shows loaded and unloaded models, and
+unloading never costs another model (or the unloaded model's own in-flight requests) a request.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.server.frontend_support import (
+    PROTOCOLS,
+    Conn,
+    build_repository,
+    error_of,
+    proto_json,
+)
+from tests.server.serve_process import ServeProcess
+
+MODELS = ("add_sub", "identity", "slow", "broken")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    repo = build_repository(tmp_path_factory.mktemp("control") / "models", *MODELS)
+    with ServeProcess(repo, "--model-control-mode", "explicit", "--load-model", "identity") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def conns(server: ServeProcess):
+    opened = {protocol: Conn.open(protocol, server) for protocol in PROTOCOLS}
+    yield opened
+    for c in opened.values():
+        c.close()
+
+
+@pytest.fixture(params=PROTOCOLS)
+def conn(request: pytest.FixtureRequest, conns: dict[str, Conn]):
+    c = conns[request.param]
+    yield c
+    # every test leaves the server as it found it: only identity loaded
+    for model in ("add_sub", "slow"):
+        if c.client.is_model_ready(model):
+            c.client.unload_model(model)
+
+
+def index(conn: Conn) -> dict[str, dict]:
+    answer = conn.client.get_model_repository_index()
+    entries = answer if conn.protocol == "http" else proto_json(answer).get("models", [])
+    by_name: dict[str, dict] = {}
+    for e in entries:
+        by_name.setdefault(e["name"], e)
+    return by_name
+
+
+def identity(conn: Conn, x: np.ndarray):
+    return conn.client.infer("identity", [conn.input("INPUT0", x)]).as_numpy("OUTPUT0")
+
+
+def add_sub(conn: Conn, a: np.ndarray):
+    return conn.client.infer("add_sub", [conn.input("INPUT0", a), conn.input("INPUT1", a)]).as_numpy("OUTPUT0")
+
+
+def test_start_up_loads_only_what_was_asked(conn: Conn):
+    assert conn.client.is_server_ready()
+    assert conn.client.is_model_ready("identity")
+    assert not conn.client.is_model_ready("add_sub")
+    entries = index(conn)
+    assert set(entries) == set(MODELS)
+    assert entries["identity"]["state"] == "READY"
+    for name in ("add_sub", "slow", "broken"):
+        assert entries[name].get("state", "") != "READY", entries[name]
+
+
+def test_load_and_unload(conn: Conn):
+    a = np.arange(4, dtype=np.float32)
+    error = error_of(add_sub, conn, a)
+    assert "add_sub" in error.message()
+    conn.client.load_model("add_sub")
+    assert conn.client.is_model_ready("add_sub")
+    assert index(conn)["add_sub"]["state"] == "READY"
+    np.testing.assert_array_equal(add_sub(conn, a), a + a)
+    conn.client.unload_model("add_sub")
+    assert not conn.client.is_model_ready("add_sub")
+    entry = index(conn)["add_sub"]
+    assert entry.get("state", "") != "READY"
+    error = error_of(add_sub, conn, a)
+    assert "add_sub" in error.message()
+    assert conn.client.is_server_ready()
+
+
+def test_load_twice_reloads(conn: Conn):
+    a = np.arange(4, dtype=np.float32)
+    conn.client.load_model("add_sub")
+    conn.client.load_model("add_sub")
+    assert conn.client.is_model_ready("add_sub")
+    np.testing.assert_array_equal(add_sub(conn, a), a + a)
+
+
+def test_load_unknown_model(conn: Conn):
+    error = error_of(conn.client.load_model, "no_such_model")
+    assert "no_such_model" in error.message()
+    assert conn.client.is_server_ready()
+
+
+def test_load_broken_model(conn: Conn):
+    error = error_of(conn.client.load_model, "broken")
+    assert "broken on purpose" in error.message()
+    assert not conn.client.is_model_ready("broken")
+    entry = index(conn)["broken"]
+    assert entry.get("state", "") != "READY"
+    assert "broken on purpose" in entry.get("reason", ""), entry
+    assert conn.client.is_model_ready("identity")
+
+
+def test_unload_not_loaded_model(conn: Conn):
+    """Triton answers success for unloading a model that is not loaded; an error would have to name
+    it. Either way, nothing else changes."""
+    try:
+        conn.client.unload_model("add_sub")
+    except Exception as e:  # noqa: BLE001
+        assert "add_sub" in str(e)
+    assert conn.client.is_model_ready("identity")
+
+
+def test_unload_while_another_model_serves_traffic(conn: Conn, conns: dict[str, Conn], server: ServeProcess):
+    """identity answers every request while add_sub is loaded and unloaded over and over."""
+    traffic = Conn.open(conn.protocol, server)  # its own connection
+    stop = threading.Event()
+    counts = {"ok": 0}
+    failures: list[BaseException] = []
+
+    def hammer() -> None:
+        x = np.arange(16, dtype=np.float32)
+        while not stop.is_set():
+            try:
+                np.testing.assert_array_equal(identity(traffic, x), x)
+                counts["ok"] += 1
+            except BaseException as e:  # noqa: BLE001 - reported below
+                failures.append(e)
+                return
+
+    thread = threading.Thread(target=hammer)
+    thread.start()
+    try:
+        for _ in range(3):
+            conn.client.load_model("add_sub")
+            np.testing.assert_array_equal(add_sub(conn, np.ones(4, np.float32)), np.full(4, 2.0))
+            conn.client.unload_model("add_sub")
+        time.sleep(0.05)
+    finally:
+        stop.set()
+        thread.join(30)
+        traffic.close()
+    assert not failures, failures
+    assert counts["ok"] > 0
+
+
+def test_unload_lets_in_flight_requests_finish(conn: Conn, server: ServeProcess, tmp_path: Path):
+    """A request running on a model being unloaded completes (Triton waits for in-flight requests)."""
+    conn.client.load_model("slow")
+    started = tmp_path / "started"
+    worker = Conn.open(conn.protocol, server)
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = worker.client.infer(
+                "slow", [worker.input("INPUT0", np.ones(3, np.float32))],
+                parameters={"sleep": 0.5, "touch": str(started)})
+        except BaseException as e:  # noqa: BLE001
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not started.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    conn.client.unload_model("slow")
+    thread.join(30)
+    worker.close()
+    assert "error" not in outcome, outcome.get("error")
+    np.testing.assert_array_equal(outcome["result"].as_numpy("OUTPUT0"), np.ones(3, np.float32))
+    assert not conn.client.is_model_ready("slow")
