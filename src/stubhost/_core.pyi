@@ -291,6 +291,8 @@ class Command(enum.IntEnum):
     METRIC_REQUEST: typing.ClassVar[Command]
     MODEL_CONTROL_REQUEST: typing.ClassVar[Command]
     PING: typing.ClassVar[Command]
+    REGION_MAP: typing.ClassVar[Command]
+    REGION_UNMAP: typing.ClassVar[Command]
     RESPONSE_CLOSE: typing.ClassVar[Command]
     RESPONSE_SEND: typing.ClassVar[Command]
     SHUTDOWN: typing.ClassVar[Command]
@@ -320,6 +322,11 @@ class IPCMessage:
     def wait_reply(self, timeout: typing.SupportsFloat | typing.SupportsIndex | None = None) -> bool:
         """
         Wait for the responder's reply(); False on timeout.
+        """
+    @property
+    def answered(self) -> bool:
+        """
+        True once the reply is complete; unlike wait_reply(), consumes nothing.
         """
     @property
     def args(self) -> int:
@@ -375,6 +382,7 @@ class MemoryType(enum.IntEnum):
     CPU: typing.ClassVar[MemoryType]
     CPU_PINNED: typing.ClassVar[MemoryType]
     GPU: typing.ClassVar[MemoryType]
+    SYSTEM_SHM: typing.ClassVar[MemoryType]
     @classmethod
     def __new__(cls, value):
         ...
@@ -469,11 +477,13 @@ def handle_segment(handle: typing.SupportsInt | typing.SupportsIndex) -> int:
     ...
 def make_handle(segment: typing.SupportsInt | typing.SupportsIndex, offset: typing.SupportsInt | typing.SupportsIndex) -> int:
     ...
-def read_record(pool: Pool, handle: typing.SupportsInt | typing.SupportsIndex, lease: bool = False) -> tuple[int, int, tuple[int, int, int], int, list, list]:
+def read_record(pool: Pool, handle: typing.SupportsInt | typing.SupportsIndex, lease: bool = False, regions: typing.Any = None) -> tuple[int, int, tuple[int, int, int], int, list, list]:
     """
     Read and validate a record: (kind, status, ints, next, strings, [(name, dtype, array)]).
     Arrays are zero-copy views (BYTES are decoded to object arrays). With lease=True the record
-    is freed when the last view goes away; otherwise the writer stays its owner.
+    is freed when the last view goes away; otherwise the writer stays its owner. Tensors that
+    live in a client region are views of regions[id] (a dict of buffer objects), bounds-checked;
+    without `regions` they are described as (region, offset, byte_size, shape) instead.
     """
 def read_tensor(pool: Pool, handle: typing.SupportsInt | typing.SupportsIndex) -> TensorInfo:
     """
@@ -500,7 +510,9 @@ def to_dlpack(owner: typing.Any, address: typing.SupportsInt | typing.SupportsIn
 def write_record(pool: Pool, kind: typing.SupportsInt | typing.SupportsIndex, status: typing.SupportsInt | typing.SupportsIndex = 0, ints: collections.abc.Sequence = (), strings: collections.abc.Sequence = (), tensors: collections.abc.Sequence = (), next: typing.SupportsInt | typing.SupportsIndex = 0) -> int:
     """
     Write one record (strings, and tensors given as (name, array[, dtype])) in one allocation.
-    Arrays are copied once; str/bytes/object arrays become BYTES. Returns the record's handle.
+    Arrays are copied once; str/bytes/object arrays become BYTES. A 6-tuple (name, shape, dtype,
+    region, region_offset, byte_size) names data in a client region instead (not copied).
+    Returns the record's handle.
     """
 def write_tensor(pool: Pool, name: str, dtype: DataType, shape: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], byte_size: typing.SupportsInt | typing.SupportsIndex, memory_type: MemoryType = ..., device_id: typing.SupportsInt | typing.SupportsIndex = 0, data_handle: typing.SupportsInt | typing.SupportsIndex = 0, data_offset: typing.SupportsInt | typing.SupportsIndex = 0, cuda_ipc_handle: bytes = b'') -> tuple[int, TensorInfo]:
     """
