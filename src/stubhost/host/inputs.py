@@ -62,9 +62,9 @@ class RequestChecker:
     def _error(self, request_id: str, text: str) -> InferenceError:
         return InferenceError("INVALID_ARG", f"[request id: {request_id or '<id_unknown>'}] {text}")
 
-    def check_inputs(self, inputs: Mapping[str, Any], request_id: str) -> list[tuple[str, np.ndarray, int]]:
+    def check_inputs(self, inputs: Mapping[str, Any], request_id: str) -> list[tuple[str, Any, int]]:
         """(name, array, dtype) for each input, validated; raises InferenceError(INVALID_ARG)."""
-        tensors: list[tuple[str, np.ndarray, int]] = []
+        tensors: list[tuple[str, Any, int]] = []
         batch: int | None = None
         for name, value in inputs.items():
             spec = self.inputs.get(name)
@@ -153,7 +153,7 @@ class RequestChecker:
         return out
 
 
-def _dtype_of(array: np.ndarray) -> int:
+def _dtype_of(array: Any) -> int:
     try:
         return int(numpy_to_triton_dtype(array.dtype))
     except TypeError:

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -283,7 +283,7 @@ class ModelInstance:
                 raise InferenceError("UNAVAILABLE", f"Stub process '{self.name}' is not healthy.")
         return self.process
 
-    def execute(self, tensors: list[tuple[str, np.ndarray, int]], outputs: list[str | RegionDestination], request_id: str,
+    def execute(self, tensors: list[tuple[str, Any, int]], outputs: Sequence[str | RegionDestination], request_id: str,
                 parameters: str, correlation_id: int | str, flags: int,
                 timeout: float | None, *, timeout_us: int | None = None) -> ExecuteResult:
         """Runs one request; its output arrays are views of the pool. ``timeout`` bounds the
@@ -297,7 +297,7 @@ class ModelInstance:
             raise self._timed_out(process, message, record, timeout)
         return self._finish(process, message, record, sent)
 
-    async def execute_async(self, tensors: list[tuple[str, np.ndarray, int]], outputs: list[str | RegionDestination], request_id: str,
+    async def execute_async(self, tensors: list[tuple[str, Any, int]], outputs: Sequence[str | RegionDestination], request_id: str,
                             parameters: str, correlation_id: int | str, flags: int,
                             timeout: float | None, *, timeout_us: int | None = None) -> ExecuteResult:
         """``execute`` for asyncio: no thread waits; the stub process's completion thread wakes
@@ -326,8 +326,8 @@ class ModelInstance:
             raise
         return self._finish(process, message, record, sent)
 
-    def _send(self, process: StubProcess, tensors: list[tuple[str, np.ndarray, int]],
-              outputs: list[str | RegionDestination],
+    def _send(self, process: StubProcess, tensors: list[tuple[str, Any, int]],
+              outputs: Sequence[str | RegionDestination],
               request_id: str, parameters: str, correlation_id: int | str, flags: int, timeout: float | None,
               on_reply: Callable[[], None] | None, timeout_us: int | None = None) -> tuple[IPCMessage, int]:
         """Writes the request record and queues its Execute message."""
@@ -338,7 +338,7 @@ class ModelInstance:
         entries: list[tuple[Any, ...]] = tensors  # type: ignore[assignment]
         if any(type(t[1]) is RegionTensor for t in tensors):
             entries = [self._region_entry(process, t) if type(t[1]) is RegionTensor else t for t in tensors]
-        names: list[str] = outputs  # type: ignore[assignment]
+        names: Sequence[str | RegionDestination] = outputs
         if any(type(o) is RegionDestination for o in outputs):
             names = [self._destination(process, o) if type(o) is RegionDestination else o for o in outputs]
         try:

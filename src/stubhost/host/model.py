@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 import stubhost
 from stubhost import _core
@@ -49,6 +48,7 @@ from stubhost.host.instance import (
     load_error,
 )
 from stubhost.host.repository import ModelDir, model_file
+from stubhost.host.regions import RegionDestination
 from stubhost.host.result import InferResponse
 from stubhost.host.stats import ModelStatistics
 from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
@@ -241,8 +241,8 @@ class LoadedModel:
                                               "found")
         return version
 
-    def _route(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, version: int,
-               request_id: str) -> tuple[ModelInstance, list[tuple[str, np.ndarray, int]], list[str]]:
+    def _route(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None, version: int,
+               request_id: str) -> tuple[ModelInstance, list[tuple[str, Any, int]], list[str | RegionDestination]]:
         """Validates a request and picks the least busy READY instance of its version."""
         group = self.versions[version]
         tensors = self.checker.check_inputs(inputs, request_id)
@@ -253,7 +253,7 @@ class LoadedModel:
             instance = min(ready, key=ModelInstance.load_count)
         return instance, tensors, requested
 
-    def _response(self, version: int, tensors: list[tuple[str, np.ndarray, int]], result: ExecuteResult,
+    def _response(self, version: int, tensors: list[tuple[str, Any, int]], result: ExecuteResult,
                   begin: int, request_id: str) -> InferResponse:
         """Checks a response, records its statistics, and wraps it for the caller."""
         outputs = self.checker.check_result(result.outputs, request_id)
@@ -271,7 +271,7 @@ class LoadedModel:
                                   time.monotonic_ns())
         return InferResponse(outputs, parameters, version)
 
-    def infer(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, model_version: str | int,
+    def infer(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None, model_version: str | int,
               parameters: str, request_id: str, timeout: float | None, correlation_id: int | str,
               flags: int, *, timeout_us: int | None = None) -> InferResponse:
         """Validates, routes to the least busy READY instance, and returns the response."""
@@ -289,7 +289,7 @@ class LoadedModel:
                 self.stats.record_failure(version, begin, time.monotonic_ns())
             raise
 
-    async def infer_async(self, inputs: Mapping[str, Any], outputs: Sequence[str] | None, model_version: str | int,
+    async def infer_async(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None, model_version: str | int,
                           parameters: str, request_id: str, timeout: float | None, correlation_id: int | str,
                           flags: int, *, timeout_us: int | None = None) -> InferResponse:
         """``infer`` for asyncio callers (no thread waits for the reply)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 
 
 @dataclass
@@ -13,6 +12,6 @@ class InferResponse:
     """A response: its outputs by name (views of the stub's pool), the response parameters the
     model set (``InferenceResponse(parameters=...)``), and the version that answered."""
 
-    outputs: dict[str, np.ndarray]
+    outputs: dict[str, Any]  # numpy arrays; RegionOutput for outputs the stub wrote into a client region
     parameters: dict[str, Any] = field(default_factory=dict)
     model_version: int = 0

@@ -36,6 +36,7 @@ from stubhost.host.errors import InferenceError
 from stubhost.host.instance import RestartPolicy
 from stubhost.host.model import LoadedModel, LoadOptions
 from stubhost.host.repository import scan_repository
+from stubhost.host.regions import RegionDestination
 from stubhost.host.result import InferResponse
 
 log = logging.getLogger("stubhost")
@@ -233,8 +234,8 @@ class Server:
                                            correlation_id, flags)
         return response.outputs
 
-    def infer_response(self, name: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
-                       model_version: str | int = "", parameters: Mapping[str, Any] | None = None,
+    def infer_response(self, name: str, inputs: Mapping[str, Any], *,
+                       outputs: Sequence[str | RegionDestination] | None = None, model_version: str | int = "", parameters: Mapping[str, Any] | None = None,
                        request_id: str = "", timeout: float | None = None, correlation_id: int | str = 0,
                        flags: int = 0) -> InferResponse:
         """``infer``, returning the whole response: outputs, the model's response parameters and
@@ -243,7 +244,8 @@ class Server:
         return model.infer(inputs, outputs, model_version, params, request_id, timeout, correlation_id, flags)
 
     async def infer_response_async(self, name: str, inputs: Mapping[str, Any], *,
-                                   outputs: Sequence[str] | None = None, model_version: str | int = "",
+                                   outputs: Sequence[str | RegionDestination] | None = None,
+                                   model_version: str | int = "",
                                    parameters: Mapping[str, Any] | None = None, request_id: str = "",
                                    timeout: float | None = None, correlation_id: int | str = 0,
                                    flags: int = 0, request_timeout_us: int | None = None) -> InferResponse:
@@ -263,7 +265,7 @@ class Server:
             entries = [e for model in list(self._models.values()) for e in model.statistics()]
         return {"model_stats": entries}
 
-    def _prepare(self, name: str, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
+    def _prepare(self, name: str, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
                  parameters: Mapping[str, Any] | None, timeout: float | None, correlation_id: int | str,
                  flags: int) -> tuple[LoadedModel, str, float | None]:
         """Checks the arguments every request shares; returns the model, parameters JSON, timeout."""

@@ -21,7 +21,7 @@ from stubhost.host.errors import InferenceError
 from stubhost.host.repository import scan_repository
 from stubhost.host.server import Server
 from stubhost.host.regions import ClientRegion, RegionDestination, RegionOutput, RegionTensor
-from stubhost.server.shm_registry import RegionLease, SharedMemoryRegistry, SystemRegion
+from stubhost.server.shm_registry import CudaRegion, RegionLease, SharedMemoryRegistry, SystemRegion
 from stubhost.server.types import InferRequest, InferResult, InputTensor, OutputTensor, RequestedOutput
 from stubhost.tensor import numpy_to_triton_dtype, triton_to_numpy_dtype
 
@@ -228,14 +228,16 @@ class InferenceService:
     @staticmethod
     def _cuda_input(tensor: InputTensor, lease: RegionLease, dtype: np.dtype) -> np.ndarray:
         host = np.empty(lease.byte_size, dtype=np.uint8)
+        region = lease.region
+        assert isinstance(region, CudaRegion)
         try:
-            lease.region.handle.read(lease.offset, host)
+            region.handle.read(lease.offset, host)
         except Exception as e:  # a CUDA failure is the server's, not the client's
             raise InferenceError("INTERNAL", f"failed to read input '{tensor.name}' from CUDA shared memory "
                                              f"region '{lease.name}': {e}") from None
         if dtype.kind == "O":
             try:
-                return _core.decode_bytes(host, math.prod(tensor.shape)).reshape(tensor.shape)
+                return _core.decode_bytes(memoryview(host), math.prod(tensor.shape)).reshape(tensor.shape)
             except (_core.CoreError, ValueError) as e:
                 raise InferenceError("INVALID_ARG", f"input '{tensor.name}': malformed BYTES data: {e}") from None
         return host.view(dtype).reshape(tensor.shape)
@@ -277,6 +279,7 @@ class InferenceService:
         assert spec.shm is not None
         lease = self.registry.acquire(spec.shm)
         leases.append(lease)
+        data: bytes | np.ndarray
         if array.dtype.kind == "O":
             data = _core.encode_bytes(array.ravel())
             size = len(data)
@@ -290,8 +293,10 @@ class InferenceService:
         if lease.buffer is not None:
             lease.buffer[:size] = memoryview(data).cast("B") if size else b""
             return
+        region = lease.region
+        assert isinstance(region, CudaRegion)
         try:  # a CUDA region: one host-to-device copy
-            lease.region.handle.write(lease.offset, memoryview(data).cast("B"))
+            region.handle.write(lease.offset, memoryview(data).cast("B"))
         except Exception as e:
             raise InferenceError("INTERNAL", f"failed to write output '{spec.name}' to CUDA shared memory "
                                              f"region '{lease.name}': {e}") from None
