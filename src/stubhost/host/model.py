@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 import stubhost
 from stubhost import _core
 from stubhost._core import Command
