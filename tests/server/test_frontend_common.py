@@ -22,7 +22,6 @@ from tritonclient.grpc import model_config_pb2
 from tests.host.repo_factory import wait_until
 from tests.server.frontend_support import (
     DATATYPES,
-    PROTOCOLS,
     RESPONSE_PARAMETERS,
     Conn,
     build_repository,
@@ -47,19 +46,6 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(repo: Path):
     with ServeProcess(repo) as srv:
         yield srv
-
-
-@pytest.fixture(scope="module")
-def conns(server: ServeProcess):
-    opened = {protocol: Conn.open(protocol, server) for protocol in PROTOCOLS}
-    yield opened
-    for c in opened.values():
-        c.close()
-
-
-@pytest.fixture(params=PROTOCOLS)
-def conn(request: pytest.FixtureRequest, conns: dict[str, Conn]) -> Conn:
-    return conns[request.param]
 
 
 def add_sub_inputs(conn: Conn, a: np.ndarray | None = None, b: np.ndarray | None = None) -> list:

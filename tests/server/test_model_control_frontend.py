@@ -31,14 +31,6 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         yield srv
 
 
-@pytest.fixture(scope="module")
-def conns(server: ServeProcess):
-    opened = {protocol: Conn.open(protocol, server) for protocol in PROTOCOLS}
-    yield opened
-    for c in opened.values():
-        c.close()
-
-
 @pytest.fixture(params=PROTOCOLS)
 def conn(request: pytest.FixtureRequest, conns: dict[str, Conn]):
     c = conns[request.param]

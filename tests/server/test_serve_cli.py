@@ -6,7 +6,6 @@ server or stub process, no /dev/shm segment of its pid).
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -21,7 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.host.repo_factory import pid_alive, wait_until
+from tests.host.repo_factory import child_stub_pids, pid_alive, wait_until
 from tests.server.frontend_support import Conn, build_repository, proto_json
 from tests.server.serve_process import ServeProcess
 
@@ -34,22 +33,6 @@ def good_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def broken_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_repository(tmp_path_factory.mktemp("cli_broken") / "models", "add_sub", "broken")
-
-
-def stub_children(pid: int) -> set[int]:
-    """Pids of the processes whose parent is `pid`."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
-            found.add(int(entry))
-    return found
 
 
 def assert_clean_exit(srv: ServeProcess, children: set[int]) -> None:
@@ -181,7 +164,7 @@ def test_signal_stops_cleanly(good_repo: Path, signum: int):
     with srv:
         add_sub_works(httpclient, srv.http_url)
         add_sub_works(grpcclient, srv.grpc_url)
-        children = stub_children(srv.proc.pid)
+        children = child_stub_pids(srv.proc.pid)
         assert children and srv.segments()
         srv.proc.send_signal(signum)
         assert srv.proc.wait(30) == 0, srv.log
@@ -194,7 +177,7 @@ def test_sigterm_lets_in_flight_requests_finish(good_repo: Path, tmp_path: Path,
     srv = ServeProcess(good_repo)
     outcome: dict = {}
     with srv:
-        children = stub_children(srv.proc.pid)
+        children = child_stub_pids(srv.proc.pid)
         conn = Conn.open(protocol, srv)
 
         def run() -> None:
@@ -221,7 +204,7 @@ def test_second_signal_while_stopping(good_repo: Path):
     """SIGTERM then SIGINT at once: still one clean stop with exit code 0."""
     srv = ServeProcess(good_repo)
     with srv:
-        children = stub_children(srv.proc.pid)
+        children = child_stub_pids(srv.proc.pid)
         srv.proc.send_signal(signal.SIGTERM)
         time.sleep(0.05)
         if srv.proc.poll() is None:

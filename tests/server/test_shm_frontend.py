@@ -26,7 +26,6 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from tests.server.frontend_support import (
-    PROTOCOLS,
     Conn,
     build_repository,
     error_of,
@@ -45,19 +44,6 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     repo = build_repository(tmp_path_factory.mktemp("shm") / "models", *MODELS)
     with ServeProcess(repo) as srv:
         yield srv
-
-
-@pytest.fixture(scope="module")
-def conns(server: ServeProcess):
-    opened = {protocol: Conn.open(protocol, server) for protocol in PROTOCOLS}
-    yield opened
-    for c in opened.values():
-        c.close()
-
-
-@pytest.fixture(params=PROTOCOLS)
-def conn(request: pytest.FixtureRequest, conns: dict[str, Conn]) -> Conn:
-    return conns[request.param]
 
 
 class Regions:

@@ -1,0 +1,27 @@
+"""Fixtures shared by the front-end test modules.
+
+A module that defines a module-scoped ``server`` fixture (a running ServeProcess) gets ``conns``
+(one open client per protocol, shared by the module) and ``conn`` (each test once per protocol).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.server.frontend_support import PROTOCOLS, Conn
+from tests.server.serve_process import ServeProcess
+
+
+@pytest.fixture(scope="module")
+def conns(server: ServeProcess) -> Iterator[dict[str, Conn]]:
+    opened = {protocol: Conn.open(protocol, server) for protocol in PROTOCOLS}
+    yield opened
+    for c in opened.values():
+        c.close()
+
+
+@pytest.fixture(params=PROTOCOLS)
+def conn(request: pytest.FixtureRequest, conns: dict[str, Conn]) -> Conn:
+    return conns[request.param]
