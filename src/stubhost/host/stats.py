@@ -29,7 +29,7 @@ class _VersionStats:
     batches: dict[int, dict[str, list[int]]] = field(default_factory=dict)
     inference_count: int = 0
     execution_count: int = 0
-    last_inference_ms: int = 0
+    last_done: int = 0  # CLOCK_MONOTONIC ns of the last request (0: none yet)
 
 
 class ModelStatistics:
@@ -47,27 +47,30 @@ class ModelStatistics:
 
     def record_success(self, version: int, batch_size: int, begin: int, sent: int, exec_start: int,
                        exec_end: int, done: int) -> None:
-        """One successful request (one execution of `batch_size`)."""
+        """One successful request (one execution of `batch_size`). On the hot path: a few
+        additions under the lock, nothing more."""
         exec_start = min(max(exec_start, sent), done)
         exec_end = min(max(exec_end, exec_start), done)
-        parts = (("success", done - begin), ("queue", exec_start - sent), ("compute_input", sent - begin),
-                 ("compute_infer", exec_end - exec_start), ("compute_output", done - exec_end))
+        queue, c_input, c_infer, c_output = exec_start - sent, sent - begin, exec_end - exec_start, done - exec_end
         with self._lock:
-            stats = self._version(version)
-            for key, ns in parts:
-                entry = stats.durations[key]
+            stats = self._versions.get(version) or self._version(version)
+            d = stats.durations
+            for key, ns in (("success", done - begin), ("queue", queue), ("compute_input", c_input),
+                            ("compute_infer", c_infer), ("compute_output", c_output)):
+                entry = d[key]
                 entry[0] += 1
                 entry[1] += ns
             batch = stats.batches.get(batch_size)
             if batch is None:
                 batch = stats.batches[batch_size] = {k: [0, 0] for k in
                                                      ("compute_input", "compute_infer", "compute_output")}
-            for key, ns in parts[2:]:
-                batch[key][0] += 1
-                batch[key][1] += ns
+            for key, ns in (("compute_input", c_input), ("compute_infer", c_infer), ("compute_output", c_output)):
+                entry = batch[key]
+                entry[0] += 1
+                entry[1] += ns
             stats.inference_count += batch_size
             stats.execution_count += 1
-            stats.last_inference_ms = time.time_ns() // 1_000_000
+            stats.last_done = done
 
     def record_failure(self, version: int, begin: int, done: int) -> None:
         """One failed request."""
@@ -76,18 +79,21 @@ class ModelStatistics:
             entry = stats.durations["fail"]
             entry[0] += 1
             entry[1] += max(done - begin, 0)
-            stats.last_inference_ms = time.time_ns() // 1_000_000
+            stats.last_done = done
 
     def snapshot(self, name: str, versions: list[int]) -> list[dict[str, Any]]:
         """Triton's ``model_stats`` entries for the given versions (zeros for unused ones)."""
         out = []
+        # Wall-clock milliseconds of the last request, from its monotonic instant (reading the
+        # wall clock on every request would cost more than all the additions together).
+        now_mono, now_ms = time.monotonic_ns(), time.time_ns() // 1_000_000
         with self._lock:
             for version in versions:
                 stats = self._versions.get(version) or _VersionStats()
                 out.append({
                     "name": name,
                     "version": str(version),
-                    "last_inference": stats.last_inference_ms,
+                    "last_inference": now_ms - (now_mono - stats.last_done) // 1_000_000 if stats.last_done else 0,
                     "inference_count": stats.inference_count,
                     "execution_count": stats.execution_count,
                     "inference_stats": {k: {"count": c, "ns": ns} for k, (c, ns) in stats.durations.items()},
