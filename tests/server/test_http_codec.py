@@ -14,13 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from stubhost.host.errors import InferenceError
-from stubhost.server.http_codec import (
-    DEFAULT_MAX_TENSOR_BYTES,
-    MAX_DIMS,
-    decode_infer_request,
-    encode_error,
-    encode_infer_response,
-)
+from stubhost.server.http_codec import DEFAULT_MAX_TENSOR_BYTES, MAX_DIMS, decode_infer_request
+from stubhost.server.http_response import encode_error, encode_infer_response
 from stubhost.server.types import InferResult, OutputTensor, ShmRef
 
 httpclient = pytest.importorskip("tritonclient.http")

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from stubhost.host.errors import InferenceError
-from stubhost.server import http_codec
+from stubhost.server import http_codec, http_response
 from stubhost.server.restricted import Restrictions
 from stubhost.server.service import InferenceService
 
@@ -117,9 +117,9 @@ class HttpFrontend:
         try:
             await self._dispatch(scope, receive, send)
         except InferenceError as e:
-            await self._reply(send, STATUS_OF_CODE.get(e.code, 400), http_codec.encode_error(e.message))
+            await self._reply(send, STATUS_OF_CODE.get(e.code, 400), http_response.encode_error(e.message))
         except HttpError as e:
-            await self._reply(send, e.status, http_codec.encode_error(e.message))
+            await self._reply(send, e.status, http_response.encode_error(e.message))
 
     @staticmethod
     async def _lifespan(receive: Receive, send: Send) -> None:
@@ -259,7 +259,7 @@ class HttpFrontend:
         request = http_codec.decode_infer_request(name, version, body, header_length)
         binary_default = request.parameters.get("binary_data_output", False) is True
         result = await self.service.infer(request)
-        chunks, json_length = http_codec.encode_infer_response(result, binary_default=binary_default)
+        chunks, json_length = http_response.encode_infer_response(result, binary_default=binary_default)
         headers = [(b"content-type", b"application/octet-stream" if json_length is not None
                     else b"application/json")]
         if json_length is not None:
