@@ -6,9 +6,11 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import orjson
 import pytest
+import tritonclient.http as httpclient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -18,8 +20,6 @@ from stubhost.server.http_codec import DEFAULT_MAX_TENSOR_BYTES, MAX_DIMS, decod
 from stubhost.server.http_response import encode_error, encode_infer_response
 from stubhost.server.types import InferResult, OutputTensor, ShmRef
 
-httpclient = pytest.importorskip("tritonclient.http")
-ml_dtypes = pytest.importorskip("ml_dtypes")
 Client = httpclient.InferenceServerClient
 
 NUMERIC = {
