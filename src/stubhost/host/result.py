@@ -7,7 +7,7 @@ from typing import Any
 
 
 
-@dataclass
+@dataclass(slots=True)
 class InferResponse:
     """A response: its outputs by name (views of the stub's pool), the response parameters the
     model set (``InferenceResponse(parameters=...)``), and the version that answered."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,11 +34,19 @@ class _VersionStats:
 
 
 class ModelStatistics:
-    """Counts and durations of one model's requests, by version; thread-safe."""
+    """Counts and durations of one model's requests, by version; thread-safe.
+
+    The request path only appends the request's instants to a deque (thread-safe, no lock, a
+    fraction of a microsecond); they are folded into the totals when someone reads them, or
+    every ``FOLD_EVERY`` requests so that memory stays bounded.
+    """
+
+    FOLD_EVERY = 4096
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._versions: dict[int, _VersionStats] = {}
+        self._pending: deque[tuple[int, ...]] = deque()
 
     def _version(self, version: int) -> _VersionStats:
         stats = self._versions.get(version)
@@ -47,39 +56,58 @@ class ModelStatistics:
 
     def record_success(self, version: int, batch_size: int, begin: int, sent: int, exec_start: int,
                        exec_end: int, done: int) -> None:
-        """One successful request (one execution of `batch_size`). On the hot path: a few
-        additions under the lock, nothing more."""
-        exec_start = min(max(exec_start, sent), done)
-        exec_end = min(max(exec_end, exec_start), done)
-        queue, c_input, c_infer, c_output = exec_start - sent, sent - begin, exec_end - exec_start, done - exec_end
-        with self._lock:
-            stats = self._versions.get(version) or self._version(version)
-            d = stats.durations
-            for key, ns in (("success", done - begin), ("queue", queue), ("compute_input", c_input),
-                            ("compute_infer", c_infer), ("compute_output", c_output)):
-                entry = d[key]
-                entry[0] += 1
-                entry[1] += ns
-            batch = stats.batches.get(batch_size)
-            if batch is None:
-                batch = stats.batches[batch_size] = {k: [0, 0] for k in
-                                                     ("compute_input", "compute_infer", "compute_output")}
-            for key, ns in (("compute_input", c_input), ("compute_infer", c_infer), ("compute_output", c_output)):
-                entry = batch[key]
-                entry[0] += 1
-                entry[1] += ns
-            stats.inference_count += batch_size
-            stats.execution_count += 1
-            stats.last_done = done
+        """One successful request (one execution of `batch_size`)."""
+        self._pending.append((version, batch_size, begin, sent, exec_start, exec_end, done))
+        if len(self._pending) >= self.FOLD_EVERY:
+            self._fold()
 
     def record_failure(self, version: int, begin: int, done: int) -> None:
         """One failed request."""
+        self._pending.append((version, -1, begin, done))
+        if len(self._pending) >= self.FOLD_EVERY:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Adds the pending requests into the totals."""
         with self._lock:
-            stats = self._version(version)
-            entry = stats.durations["fail"]
-            entry[0] += 1
-            entry[1] += max(done - begin, 0)
-            stats.last_done = done
+            pending = self._pending
+            while pending:
+                try:
+                    record = pending.popleft()
+                except IndexError:
+                    break
+                if record[1] < 0:
+                    version, _, begin, done = record
+                    stats = self._version(version)
+                    entry = stats.durations["fail"]
+                    entry[0] += 1
+                    entry[1] += max(done - begin, 0)
+                    stats.last_done = max(stats.last_done, done)
+                    continue
+                version, batch_size, begin, sent, exec_start, exec_end, done = record
+                # The stub's instants are untrusted: clamped into the request's own interval.
+                exec_start = min(max(exec_start, sent), done)
+                exec_end = min(max(exec_end, exec_start), done)
+                c_input, c_infer, c_output = sent - begin, exec_end - exec_start, done - exec_end
+                stats = self._version(version)
+                d = stats.durations
+                for key, ns in (("success", done - begin), ("queue", exec_start - sent), ("compute_input", c_input),
+                                ("compute_infer", c_infer), ("compute_output", c_output)):
+                    entry = d[key]
+                    entry[0] += 1
+                    entry[1] += ns
+                batch = stats.batches.get(batch_size)
+                if batch is None:
+                    batch = stats.batches[batch_size] = {k: [0, 0] for k in
+                                                         ("compute_input", "compute_infer", "compute_output")}
+                for key, ns in (("compute_input", c_input), ("compute_infer", c_infer),
+                                ("compute_output", c_output)):
+                    entry = batch[key]
+                    entry[0] += 1
+                    entry[1] += ns
+                stats.inference_count += batch_size
+                stats.execution_count += 1
+                stats.last_done = max(stats.last_done, done)
 
     def snapshot(self, name: str, versions: list[int]) -> list[dict[str, Any]]:
         """Triton's ``model_stats`` entries for the given versions (zeros for unused ones)."""
@@ -87,6 +115,7 @@ class ModelStatistics:
         # Wall-clock milliseconds of the last request, from its monotonic instant (reading the
         # wall clock on every request would cost more than all the additions together).
         now_mono, now_ms = time.monotonic_ns(), time.time_ns() // 1_000_000
+        self._fold()
         with self._lock:
             for version in versions:
                 stats = self._versions.get(version) or _VersionStats()
