@@ -221,6 +221,18 @@ class ServerUnderTest:
     def log_text(self) -> str:
         raise NotImplementedError
 
+    def _terminate(self) -> None:
+        """SIGTERM, then SIGKILL if it has not exited after STOP_TIMEOUT s (noted in problems)."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.problems.append(f"did not exit within {STOP_TIMEOUT:.0f} s of SIGTERM; killed")
+                self.proc.kill()
+                self.proc.wait()
+
     def wait_ready(self, models: list[str], deadline: float) -> float:
         """Polls server and model readiness over HTTP; returns when all are ready (s waited)."""
         import tritonclient.http as httpclient
@@ -314,14 +326,7 @@ class StubhostServer(ServerUnderTest):
         if self.proc is None:
             return None
         stubs = process_tree(self.proc.pid)[1:]
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.problems.append(f"did not exit within {STOP_TIMEOUT:.0f} s of SIGTERM; killed")
-                self.proc.kill()
-                self.proc.wait()
+        self._terminate()
         code = self.proc.returncode
         if self._reader is not None:
             self._reader.join(10)
@@ -455,14 +460,7 @@ class TritonServer(ServerUnderTest):
         if self.proc is None:
             return None
         stubs = process_tree(self.proc.pid)[1:]
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.problems.append(f"did not exit within {STOP_TIMEOUT:.0f} s of SIGTERM; killed")
-                self.proc.kill()
-                self.proc.wait()
+        self._terminate()
         deadline = time.monotonic() + 5
         while (alive := [p for p in stubs if _is_zombie(p) is False]) and time.monotonic() < deadline:
             time.sleep(0.1)
