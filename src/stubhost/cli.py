@@ -211,7 +211,8 @@ def serve(args: argparse.Namespace) -> int:
         message = e.message if isinstance(e, InferenceError) else str(e)
         print(f"error: creating server: {message}", file=sys.stderr)
         return 1
-    service = InferenceService(server, model_control=args.model_control_mode == "explicit")
+    server.allow_model_control = args.model_control_mode == "explicit"
+    service = InferenceService(server, model_control=server.allow_model_control)
     log_model_table(service)
     try:
         try:

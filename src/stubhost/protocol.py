@@ -18,14 +18,30 @@ REGION_MAP          PAYLOAD: JSON {id, key, offset, size}   OK + 0 (nobody waits
 REGION_UNMAP        PAYLOAD: JSON {id}                      OK + 0 (nobody waits)
 ==================  ======================================  =====================================
 
+Calls the other way are one-way messages (nobody waits on them):
+
+==================  ==================  ==========================================================
+command             queue               carries
+==================  ==================  ==========================================================
+RESPONSE_SEND       stub_to_parent_mq   args: a RESPONSE record; request_id: the handle of the
+                                        REQUEST record it answers (a response sender's send())
+CANCEL_REQUEST      parent_to_stub_mq   request_id: the REQUEST record whose caller cancelled it
+==================  ==================  ==========================================================
+
+A BLS call (``pb_utils.InferenceRequest(...).exec()``) is an inline-reply INFER_EXEC_REQUEST on
+``stub_to_parent_mq``: args is a REQUEST record in the caller's pool whose strings are
+``[request_id, parameters_json, correlation_id_text, model_name, model_version, *requested]``;
+the parent frees it and replies OK with a RESPONSE record written into the caller's pool (an
+error response when the call failed).
+
 A failed command replies ``REPLY_ERROR`` with a PAYLOAD record holding ``{"message": text}`` (or 0
 when the pool had no room for it). The parent itself replies ``REPLY_STUB_GONE`` to messages a
 dead stub can no longer answer.
 
 Request records: ints ``(flags, correlation_id, timeout_us)``; strings
 ``[request_id, parameters_json, correlation_id_text, *requested_output_names]``; tensors = inputs.
-Response records: status 0 or ``1 + TritonError code``; ints ``(execute_start_ns, execute_end_ns, 0)``
-on the shared CLOCK_MONOTONIC (for statistics; the parent clamps them); strings
+Response records: status 0 or ``1 + TritonError code``; ints ``(execute_start_ns, execute_end_ns,
+response_flags)`` on the shared CLOCK_MONOTONIC (for statistics; the parent clamps them); strings
 ``[error_message, parameters_json]``; tensors = outputs. Requests own nothing of the stub's; response records belong to the parent once
 replied, which frees them when the last numpy view of their outputs goes away.
 """
@@ -40,11 +56,18 @@ from stubhost._core import Pool, RecordKind
 
 LOG_MARKER = "\x1fSTUBLOG"  # starts a pb_utils.Logger line on the stub's stderr, parsed by the parent
 
+# Response record flags (the record's third int). A response in an Execute reply is final unless
+# it is DEFERRED: a placeholder saying that the request is answered through its response sender.
+RESPONSE_FINAL = 1     # TRITONSERVER_RESPONSE_COMPLETE_FINAL: the request's last response
+RESPONSE_EMPTY = 2     # no response, only the flags (``sender.send(None, FINAL)``)
+RESPONSE_DEFERRED = 4  # Execute reply placeholder: the answer comes as RESPONSE_SEND messages
+
 REPLY_OK = 0
 REPLY_ERROR = 1
 REPLY_STUB_GONE = 2
 
 REQUEST_FIXED_STRINGS = 3  # request_id, parameters, correlation id text; then requested outputs
+BLS_FIXED_STRINGS = 5      # ... then the model name and version; then requested outputs
 # A requested output the stub should write straight into a client's region is named
 # "<name><SEP><region id>:<offset>:<byte_size>"; the model sees only "<name>".
 OUTPUT_DESTINATION_SEP = "\x1f"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPOSITORY = Path(__file__).resolve().parents[2] / "examples" / "models"
-MODELS = ["add_sub", "auto_complete", "identity", "optional_inputs", "string_upper"]
+MODELS = ["add_sub", "auto_complete", "identity", "optional_inputs", "repeat", "string_upper"]
 NO_CONFIG = {"auto_complete"}  # configured by its auto_complete_config()
 ALLOWED_THIRD_PARTY = {"numpy"}
 

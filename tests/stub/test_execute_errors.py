@@ -118,10 +118,13 @@ def test_raised_triton_error_fails_the_request(server: stubhost.Server) -> None:
     assert "raised triton error" in error.message
 
 
-def test_execute_returning_none(server: stubhost.Server) -> None:
+def test_execute_returning_none_without_a_sender_response(server: stubhost.Server) -> None:
+    # Since Triton 24.06, None means "answered through the response sender"; a request the
+    # sender never answers must still end, with an error that says why.
     pid = instance(server, "misbehave").process.pid
     error = fails(server, "none")
-    assert "Expected a list in the execute return" in error.message
+    assert error.code == "INTERNAL"
+    assert "sent no response for the request" in error.message
     assert_still_serves(server, pid)
 
 

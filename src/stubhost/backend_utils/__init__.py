@@ -21,6 +21,7 @@ from stubhost.backend_utils.constants import (
     TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
 )
+from stubhost.backend_utils.bls import is_model_ready, load_model, unload_model
 from stubhost.backend_utils.errors import TritonError, TritonModelException
 from stubhost.backend_utils.helpers import (
     TRITON_STRING_TO_NUMPY,
@@ -32,11 +33,13 @@ from stubhost.backend_utils.helpers import (
     numpy_to_triton_type,
     triton_string_to_numpy,
     triton_to_numpy_type,
+    using_decoupled_model_transaction_policy,
 )
 from stubhost.backend_utils.logger import Logger, LogLevel
 from stubhost.backend_utils.model_config import ModelConfig
 from stubhost.backend_utils.request import InferenceRequest
 from stubhost.backend_utils.response import InferenceResponse
+from stubhost.backend_utils.response_sender import InferenceResponseSender
 from stubhost.backend_utils.tensor import Tensor
 
 __all__ = [
@@ -48,6 +51,7 @@ __all__ = [
     "TRITON_STRING_TO_NUMPY",
     "InferenceRequest",
     "InferenceResponse",
+    "InferenceResponseSender",
     "LogLevel",
     "Logger",
     "ModelConfig",
@@ -59,7 +63,11 @@ __all__ = [
     "get_model_dir",
     "get_output_config_by_name",
     "get_output_tensor_by_name",
+    "is_model_ready",
+    "load_model",
     "numpy_to_triton_type",
     "triton_string_to_numpy",
     "triton_to_numpy_type",
+    "unload_model",
+    "using_decoupled_model_transaction_policy",
 ]

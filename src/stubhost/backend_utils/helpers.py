@@ -84,6 +84,13 @@ def triton_to_numpy_type(data_type: int) -> Any:
         return None
 
 
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    """True when the model configuration (the dict ``initialize`` gets, parsed) sets
+    ``model_transaction_policy { decoupled: true }``."""
+    policy = model_config.get("model_transaction_policy") or {}
+    return bool(policy.get("decoupled", False))
+
+
 def get_model_dir() -> str:
     """The directory of the model this stub serves (``<repository>/<model>``)."""
     return _model_dir

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from stubhost.backend_utils import bls, response_sender
+from stubhost.backend_utils.errors import TritonModelException
 from stubhost.backend_utils.parameters import parameters_json
+from stubhost.backend_utils.response_sender import InferenceResponseSender, SenderState
 from stubhost.backend_utils.tensor import Tensor
+
+if TYPE_CHECKING:
+    pass
 
 
 class InferenceRequest:
     """One inference request: inputs, requested outputs, id, correlation id, flags, parameters."""
 
     __slots__ = ("_inputs", "_requested_output_names", "_request_id", "_correlation_id", "_flags", "_destinations",
-                 "_parameters", "_timeout", "_model_name", "_model_version")
+                 "_parameters", "_timeout", "_model_name", "_model_version", "_state")
 
     def __init__(self, model_name: str = "", inputs: Sequence[Tensor] = (),
                  requested_output_names: Sequence[str] = (), request_id: str = "",
@@ -32,6 +40,7 @@ class InferenceRequest:
         self._model_name = str(model_name)
         self._model_version = int(model_version)
         self._destinations: dict[str, tuple[int, int, int]] | None = None
+        self._state: SenderState | None = None
 
     @classmethod
     def _from_stub(cls, inputs: list[Tensor], requested: list[str], request_id: str, correlation_id: int | str,
@@ -49,6 +58,7 @@ class InferenceRequest:
         r._model_name = model_name
         r._model_version = model_version
         r._destinations = None  # outputs to write into clients' regions: name -> (region, offset, size)
+        r._state = None  # set by the stub: the request's record handle and its sender's state
         return r
 
     def inputs(self) -> list[Tensor]:
@@ -86,6 +96,33 @@ class InferenceRequest:
     def model_version(self) -> int:
         """Version of the model the request is for (-1: the policy's choice)."""
         return self._model_version
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        """The sender that answers this request outside ``execute``'s return value (decoupled
+        models; default-mode models for their one response)."""
+        if self._state is None:
+            raise TritonModelException(
+                "Unable to get the response sender of a request that was not received by a model instance.")
+        return InferenceResponseSender(self, self._state)
+
+    def exec(self, decoupled: bool = False) -> Any:
+        """Runs this request on the model it names (BLS) and returns the response; a failure is
+        in ``response.error()``. With ``decoupled=True``: an iterator over the responses (the
+        last one carries the final flag, and is empty when the flag came alone), with
+        ``cancel()``. Only during ``execute``."""
+        if decoupled:
+            return bls.caller().stream(self)
+        return bls.caller().infer(self)
+
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        """``exec`` for ``async def execute``: the wait runs in a thread, so the event loop
+        (and other requests on it) go on meanwhile."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, functools.partial(self.exec, decoupled))
+
+    def is_cancelled(self) -> bool:
+        """True once the caller has cancelled this request (the model may stop early)."""
+        return self._state is not None and response_sender.transport().is_cancelled(self)
 
     def __repr__(self) -> str:
         return (f"InferenceRequest(request_id={self._request_id!r}, inputs={[t.name() for t in self._inputs]}, "

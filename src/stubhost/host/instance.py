@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import json
 import logging
 import threading
@@ -24,11 +25,13 @@ from stubhost import _core
 from stubhost._core import Command, IPCMessage, RecordKind
 from stubhost.host.errors import InferenceError
 from stubhost.host.regions import RegionDestination, RegionTensor
+from stubhost.host.streams import ResponseStream, StreamItem, read_response
 from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
 from stubhost.protocol import (
     REPLY_ERROR,
     REPLY_OK,
     REPLY_STUB_GONE,
+    RESPONSE_DEFERRED,
     encode_destination,
     error_code_name,
     read_payload,
@@ -38,7 +41,6 @@ from stubhost.protocol import (
 log = logging.getLogger("stubhost")
 
 _REQUEST = int(RecordKind.REQUEST)
-_RESPONSE = int(RecordKind.RESPONSE)
 
 
 class ExecuteResult(NamedTuple):
@@ -53,6 +55,71 @@ class ExecuteResult(NamedTuple):
     sent: int
     exec_start: int
     exec_end: int
+
+
+def _request_timeout(instance: str, timeout: float | None) -> InferenceError:
+    return InferenceError("UNAVAILABLE", f"Request timeout expired: instance '{instance}' did not answer within "
+                                         f"{timeout} s")
+
+
+class _SenderAnswer:
+    """Gathers the one response a default-mode model sends through its response sender."""
+
+    __slots__ = ("instance", "sent", "item", "error")
+
+    def __init__(self, instance: str, sent: int) -> None:
+        self.instance = instance
+        self.sent = sent
+        self.item: StreamItem | None = None
+        self.error: InferenceError | None = None
+
+    def add(self, item: StreamItem) -> bool:
+        """Takes one item; True once the final one is in."""
+        if item.error is not None:
+            self.error = self.error or item.error
+        elif item.outputs is not None and self.item is None:
+            self.item = item
+        return item.final
+
+    def result(self) -> ExecuteResult:
+        """The response, or the error the model (or its stub) sent."""
+        if self.error is not None:
+            raise self.error
+        if self.item is None:
+            raise InferenceError("INTERNAL", f"model instance '{self.instance}' sent no response for the request: "
+                                             "execute returned None for it and its response sender sent nothing")
+        return ExecuteResult(self.item.outputs, self.item.parameters, self.sent,  # type: ignore[arg-type]
+                             self.item.exec_start, self.item.exec_end)
+
+
+class RequestStream:
+    """A request sent to a decoupled model: its responses, in order, until the final one.
+
+    Iterate with ``next``/``next_async``; ``close`` when leaving early (the model sees the
+    request cancelled).
+    """
+
+    __slots__ = ("instance", "process", "record", "stream", "sent")
+
+    def __init__(self, instance: ModelInstance, process: StubProcess, record: int, stream: ResponseStream,
+                 sent: int) -> None:
+        self.instance = instance
+        self.process = process
+        self.record = record
+        self.stream = stream
+        self.sent = sent
+
+    def next(self, timeout: float | None) -> StreamItem | None:
+        """The next response (None when `timeout` ran out)."""
+        return self.stream.next(timeout)
+
+    async def next_async(self) -> StreamItem:
+        """The next response, for a coroutine."""
+        return await self.stream.next_async()
+
+    def close(self) -> None:
+        """Done with the stream; a request still open is cancelled."""
+        ModelInstance._leave(self.process, self.record, self.stream)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -99,6 +166,12 @@ class InstanceSpec:
     init_timeout_s: float = 120.0
     finalize_timeout_s: float = 30.0
     restart: RestartPolicy = field(default_factory=RestartPolicy)
+    on_call: Callable[[StubProcess, IPCMessage], None] | None = None  # serves the stub's BLS calls
+
+    @property
+    def decoupled(self) -> bool:
+        """True when the model uses the decoupled transaction policy."""
+        return bool(self.config.get("model_transaction_policy", {}).get("decoupled", False))
 
     def initialize_args(self) -> dict[str, str]:
         """Exactly the keys Triton's Python backend passes to ``initialize(args)``."""
@@ -129,7 +202,8 @@ def initialize_stub(process: StubProcess, spec: InstanceSpec) -> bool:
     Returns whether the model defines ``is_ready()``.
     """
     try:
-        payload = {**spec.load_payload(), "args": spec.initialize_args()}
+        payload = {**spec.load_payload(), "args": spec.initialize_args(), "decoupled": spec.decoupled}
+        process.control.decoupled = spec.decoupled
         reply = process.call(Command.INITIALIZE_REQUEST, write_payload(process.pool, payload), spec.init_timeout_s)
     except (StubCallError, StubGoneError, TimeoutError, _core.CoreError) as e:
         process.close()
@@ -154,7 +228,7 @@ class ModelInstance:
         self._stopping = threading.Event()
         try:
             self.process = process if process is not None else StubProcess(spec.instance_name, python=spec.python,
-                                                                             env=spec.env)
+                                                                             env=spec.env, on_call=spec.on_call)
         except OSError as e:
             raise load_error(spec, e) from None
 
@@ -180,7 +254,7 @@ class ModelInstance:
 
     def load_count(self) -> int:
         """Requests in flight on this instance (for picking the least busy one)."""
-        return len(self.process.inflight)
+        return len(self.process.inflight) + len(self.process.streams)
 
     def check_health(self) -> None:
         """Called by the health monitor: notices a dead stub and starts its replacement."""
@@ -220,7 +294,8 @@ class ModelInstance:
             if self._stopping.wait(delay) or self.state is not InstanceState.RESTARTING:
                 return
             try:
-                process = StubProcess(self.name, python=self.spec.python, env=self.spec.env)
+                process = StubProcess(self.name, python=self.spec.python, env=self.spec.env,
+                                      on_call=self.spec.on_call)
                 self._starting = process  # stop() kills it, so a hanging initialize cannot hold stop up
                 if self.state is not InstanceState.RESTARTING:
                     process.kill()
@@ -293,9 +368,23 @@ class ModelInstance:
         message, record = self._send(process, tensors, outputs, request_id, parameters, correlation_id, flags,
                                      timeout, None, timeout_us)
         sent = time.monotonic_ns()
+        deadline = None if timeout is None else time.monotonic() + timeout
         if not process.wait(message, timeout):
             raise self._timed_out(process, message, record, timeout)
-        return self._finish(process, message, record, sent)
+        outcome = self._finish(process, message, record, sent)
+        if not isinstance(outcome, ResponseStream):
+            return outcome
+        answer = _SenderAnswer(self.name, sent)
+        try:
+            while True:
+                remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                item = outcome.next(remaining)
+                if item is None:
+                    raise _request_timeout(self.name, timeout)
+                if answer.add(item):
+                    return answer.result()
+        finally:
+            self._leave(process, record, outcome)
 
     async def execute_async(self, tensors: list[tuple[str, Any, int]], outputs: Sequence[str | RegionDestination], request_id: str,
                             parameters: str, correlation_id: int | str, flags: int,
@@ -324,13 +413,86 @@ class ModelInstance:
         except asyncio.CancelledError:
             process.abandon(message, record)  # the caller went away: the stub's answer is reaped later
             raise
-        return self._finish(process, message, record, sent)
+        outcome = self._finish(process, message, record, sent)
+        if not isinstance(outcome, ResponseStream):
+            return outcome
+        answer = _SenderAnswer(self.name, sent)
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(outcome.next_async(), timeout)
+                except asyncio.TimeoutError:
+                    raise _request_timeout(self.name, timeout) from None
+                if answer.add(item):
+                    return answer.result()
+        finally:
+            self._leave(process, record, outcome)
+
+    @staticmethod
+    def _leave(process: StubProcess, record: int, stream: ResponseStream) -> None:
+        """The consumer of a stream is done (or gave up: then the model sees it cancelled)."""
+        if stream.final:
+            process.forget_stream(record)
+        else:
+            process.abandon_stream(record, stream)
+
+    # ---- streams (decoupled models) ----------------------------------------------------------------
+    def open_stream(self, tensors: list[tuple[str, Any, int]], outputs: Sequence[str | RegionDestination],
+                    request_id: str, parameters: str, correlation_id: int | str, flags: int,
+                    timeout_us: int | None, process: StubProcess | None = None) -> RequestStream:
+        """Sends one request whose responses come through its sender; returns the stream that
+        gathers them. `process` skips the wait for READY (an async caller waited already)."""
+        process = process or self._wait_ready(None)
+        record = self._write_request(process, tensors, outputs, request_id, parameters, correlation_id, flags,
+                                     None, timeout_us)
+        stream = process.stream_for(record)
+        try:
+            process.submit(Command.EXECUTE_REQUEST, record, None, functools.partial(self._stream_replied, process,
+                                                                                     record, stream), True)
+        except (TimeoutError, _core.CoreError) as e:
+            process.forget_stream(record)
+            process.pool.free(record)
+            raise InferenceError("UNAVAILABLE", f"cannot send the request to instance '{self.name}': {e}") from None
+        return RequestStream(self, process, record, stream, time.monotonic_ns())
+
+    def _stream_replied(self, process: StubProcess, record: int, stream: ResponseStream, message: IPCMessage) -> None:
+        """The Execute of a streamed request was answered (completion thread)."""
+        status, reply = process.finish(message)
+        if status == REPLY_STUB_GONE:
+            stream.fail(InferenceError("INTERNAL", f"Stub process '{self.name}' is not healthy."))
+            return
+        if status == REPLY_ERROR:
+            try:
+                payload = read_payload(process.pool, reply) if reply else {}
+            except (_core.CoreError, ValueError):
+                payload = {}
+            text = str(payload.get("message", "")) if isinstance(payload, dict) else ""
+            stream.put(StreamItem(None, "{}", InferenceError("INTERNAL", text or f"instance '{self.name}' failed "
+                                                                                 "the request"), True))
+        elif reply:
+            try:
+                _core.free_record_chain(process.pool, reply)  # a decoupled Execute answers nothing in its reply
+            except _core.CoreError:
+                pass
+        stream.executed(record)
 
     def _send(self, process: StubProcess, tensors: list[tuple[str, Any, int]],
               outputs: Sequence[str | RegionDestination],
               request_id: str, parameters: str, correlation_id: int | str, flags: int, timeout: float | None,
               on_reply: Callable[[], None] | None, timeout_us: int | None = None) -> tuple[IPCMessage, int]:
         """Writes the request record and queues its Execute message."""
+        record = self._write_request(process, tensors, outputs, request_id, parameters, correlation_id, flags,
+                                     timeout, timeout_us)
+        try:
+            return process.submit(Command.EXECUTE_REQUEST, record, timeout, on_reply), record
+        except (TimeoutError, _core.CoreError) as e:
+            process.pool.free(record)
+            raise InferenceError("UNAVAILABLE", f"cannot send the request to instance '{self.name}': {e}") from None
+
+    def _write_request(self, process: StubProcess, tensors: list[tuple[str, Any, int]],
+                       outputs: Sequence[str | RegionDestination], request_id: str, parameters: str,
+                       correlation_id: int | str, flags: int, timeout: float | None, timeout_us: int | None) -> int:
+        """Writes a request record into the stub's pool; returns its handle."""
         pool = process.pool
         corr_int, corr_text = (correlation_id, "") if isinstance(correlation_id, int) else (0, correlation_id)
         if timeout_us is None:
@@ -342,8 +504,8 @@ class ModelInstance:
         if any(type(o) is RegionDestination for o in outputs):
             names = [self._destination(process, o) if type(o) is RegionDestination else o for o in outputs]
         try:
-            record = _core.write_record(pool, _REQUEST, 0, (flags, corr_int, timeout_us),
-                                        (request_id, parameters, corr_text, *names), entries)
+            return _core.write_record(pool, _REQUEST, 0, (flags, corr_int, timeout_us),
+                                      (request_id, parameters, corr_text, *names), entries)
         except (_core.PoolFullError, _core.LockTimeoutError, _core.ShmError, _core.ShmSpaceError) as e:
             # The core's text names segments, which clients must never see (ARCHITECTURE §5): it
             # goes to the log only.
@@ -352,11 +514,6 @@ class ModelInstance:
                                                 f"'{self.name}'") from None
         except (_core.CoreError, TypeError, ValueError) as e:
             raise InferenceError("INVALID_ARG", f"[request id: {request_id or '<id_unknown>'}] {e}") from None
-        try:
-            return process.submit(Command.EXECUTE_REQUEST, record, timeout, on_reply), record
-        except (TimeoutError, _core.CoreError) as e:
-            pool.free(record)
-            raise InferenceError("UNAVAILABLE", f"cannot send the request to instance '{self.name}': {e}") from None
 
     @staticmethod
     def _region_entry(process: StubProcess, tensor: tuple[str, Any, int]) -> tuple[Any, ...]:
@@ -389,18 +546,20 @@ class ModelInstance:
         process.abandon(message, record)
         if executing:
             self.mark_hung()
-        return InferenceError("UNAVAILABLE", f"Request timeout expired: instance '{self.name}' did not answer "
-                                             f"within {timeout} s")
+        return _request_timeout(self.name, timeout)
 
-    def _finish(self, process: StubProcess, message: IPCMessage, record: int, sent: int) -> ExecuteResult:
-        """Reads an answered request's outcome and frees what it no longer needs."""
+    def _finish(self, process: StubProcess, message: IPCMessage, record: int,
+                sent: int) -> ExecuteResult | ResponseStream:
+        """Reads an answered request's outcome and frees what it no longer needs. A request the
+        model answers through its response sender gives the stream to wait on."""
         pool = process.pool
         status, reply = process.finish(message)
         if status == REPLY_STUB_GONE:
             # The stub may have died while reading the record; its pool is discarded with it.
             self.check_health()
             raise InferenceError("INTERNAL", f"Stub process '{self.name}' is not healthy.")
-        pool.free(record)
+        if status != REPLY_OK:
+            pool.free(record)
         if status == REPLY_ERROR:
             try:
                 payload = read_payload(pool, reply) if reply else {}
@@ -410,13 +569,15 @@ class ModelInstance:
         if status != REPLY_OK:
             raise InferenceError("INTERNAL", f"instance '{self.name}' answered with unknown status {status}")
         try:
-            kind, code, times, next_record, strings, result = _core.read_record(pool, reply, lease=True)
-            if next_record:
-                _core.free_record_chain(pool, next_record)  # one request, one response: extras are dropped
-            if kind != _RESPONSE:
-                raise _core.FormatError("the reply is not a response record")
+            code, times, strings, result = read_response(pool, reply)
         except _core.CoreError as e:
+            pool.free(record)
             raise InferenceError("INTERNAL", f"instance '{self.name}' sent a malformed response: {e}") from None
+        if times[2] & RESPONSE_DEFERRED:
+            stream = process.stream_for(record)
+            stream.executed(record)  # the model may read the request until it answers
+            return stream
+        pool.free(record)
         if code:
             raise InferenceError(error_code_name(code - 1), strings[0] if strings else "")
         return ExecuteResult(result, strings[1] if len(strings) > 1 else "{}", sent, times[0], times[1])

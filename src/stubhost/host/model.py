@@ -7,6 +7,7 @@ start and initialize every instance of every version the version policy selects.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import json
 import logging
@@ -16,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 
 import stubhost
 from stubhost import _core
-from stubhost._core import Command
+from stubhost._core import Command, IPCMessage
 from stubhost.config import (
     ConfigError,
     ModelConfig,
@@ -43,9 +44,11 @@ from stubhost.host.instance import (
     InstanceSpec,
     InstanceState,
     ModelInstance,
+    RequestStream,
     RestartPolicy,
     load_error,
 )
+from stubhost.host.streams import StreamItem
 from stubhost.host.repository import ModelDir, model_file
 from stubhost.host.regions import RegionDestination
 from stubhost.host.result import InferResponse
@@ -69,6 +72,7 @@ class LoadOptions:
     init_timeout_s: float = 120.0
     finalize_timeout_s: float = 30.0
     restart: RestartPolicy = field(default_factory=RestartPolicy)
+    on_call: Callable[[StubProcess, IPCMessage], None] | None = None  # serves stubs' BLS calls
 
     def stub_env(self, python: str | None) -> dict[str, str]:
         """The server's environment for a stub run by `python` (None: this interpreter).
@@ -121,6 +125,7 @@ class LoadedModel:
         self.latest = max(versions)
         self.checker = RequestChecker(name, self.config_dict)
         self.stats = ModelStatistics()
+        self.decoupled = bool(config.model_transaction_policy.decoupled)
 
     # ---- loading ---------------------------------------------------------------------------------
     @classmethod
@@ -141,7 +146,7 @@ class LoadedModel:
         python = python or options.python
         env = options.stub_env(python)
         try:
-            first = StubProcess(f"{name}_0_0", python=python, env=env)
+            first = StubProcess(f"{name}_0_0", python=python, env=env, on_call=options.on_call)
         except OSError as e:
             raise InferenceError("INTERNAL", f"failed to load '{name}': cannot start its stub: {e}") from None
         try:
@@ -183,7 +188,8 @@ class LoadedModel:
                         model_name=name, version=version, instance_name=f"{group.name}_{index}", kind=kind,
                         device_id=0, model_file=file, model_dir=str(model_dir.path), config=config_dict,
                         python=python, env=env, init_timeout_s=options.init_timeout_s,
-                        finalize_timeout_s=options.finalize_timeout_s, restart=options.restart))
+                        finalize_timeout_s=options.finalize_timeout_s, restart=options.restart,
+                        on_call=options.on_call))
         return specs
 
     @classmethod
@@ -252,19 +258,24 @@ class LoadedModel:
             instance = min(ready, key=ModelInstance.load_count)
         return instance, tensors, requested
 
+    def _parameters(self, text: str, request_id: str) -> dict[str, Any]:
+        """A response's parameters, which must be a JSON object."""
+        if text == "{}":
+            return {}
+        try:
+            parameters = json.loads(text)
+        except ValueError:
+            parameters = None
+        if not isinstance(parameters, dict):
+            raise InferenceError("INTERNAL", f"[request id: {request_id or '<id_unknown>'}] model "
+                                             f"'{self.name}' sent response parameters that are not a JSON object")
+        return parameters
+
     def _response(self, version: int, tensors: list[tuple[str, Any, int]], result: ExecuteResult,
                   begin: int, request_id: str) -> InferResponse:
         """Checks a response, records its statistics, and wraps it for the caller."""
         outputs = self.checker.check_result(result.outputs, request_id)
-        parameters: dict[str, Any] = {}
-        if result.parameters != "{}":
-            try:
-                parameters = json.loads(result.parameters)
-            except ValueError:
-                parameters = None  # type: ignore[assignment]
-            if not isinstance(parameters, dict):
-                raise InferenceError("INTERNAL", f"[request id: {request_id or '<id_unknown>'}] model "
-                                                 f"'{self.name}' sent response parameters that are not a JSON object")
+        parameters = self._parameters(result.parameters, request_id)
         batch = int(tensors[0][1].shape[0]) if self.config.max_batch_size > 0 and tensors else 1
         self.stats.record_success(version, batch, begin, result.sent, result.exec_start, result.exec_end,
                                   time.monotonic_ns())
@@ -274,6 +285,8 @@ class LoadedModel:
               parameters: str, request_id: str, timeout: float | None, correlation_id: int | str,
               flags: int, *, timeout_us: int | None = None) -> InferResponse:
         """Validates, routes to the least busy READY instance, and returns the response."""
+        if self.decoupled:
+            raise self._unsupported_decoupled()
         begin = time.monotonic_ns()
         version: int | None = None
         try:
@@ -292,6 +305,8 @@ class LoadedModel:
                           parameters: str, request_id: str, timeout: float | None, correlation_id: int | str,
                           flags: int, *, timeout_us: int | None = None) -> InferResponse:
         """``infer`` for asyncio callers (no thread waits for the reply)."""
+        if self.decoupled:
+            raise self._unsupported_decoupled()
         begin = time.monotonic_ns()
         version: int | None = None
         try:
@@ -305,6 +320,121 @@ class LoadedModel:
                 # (a request the model's checks refused counts as failed, as in Triton)
                 self.stats.record_failure(version, begin, time.monotonic_ns())
             raise
+
+    # ---- streams ---------------------------------------------------------------------------------
+    def _unsupported_decoupled(self) -> InferenceError:
+        return InferenceError("UNSUPPORTED", f"model '{self.name}' uses the decoupled transaction policy: its "
+                                             "responses can only be streamed")
+
+    def _open_stream(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
+                     version: int, parameters: str, request_id: str, correlation_id: int | str, flags: int,
+                     timeout_us: int | None, process: StubProcess | None = None,
+                     instance: ModelInstance | None = None) -> tuple[RequestStream, list[tuple[str, Any, int]]]:
+        chosen, tensors, requested = self._route(inputs, outputs, version, request_id)
+        instance = instance or chosen
+        return instance.open_stream(tensors, requested, request_id, parameters, correlation_id, flags, timeout_us,
+                                    process), tensors
+
+    def _stream_response(self, version: int, item: StreamItem, request_id: str) -> InferResponse:
+        """One streamed response for the caller (an error becomes the response's ``error``)."""
+        if item.error is not None:
+            return InferResponse({}, {}, version, final=item.final, error=item.error)
+        if item.outputs is None:
+            return InferResponse({}, {}, version, final=item.final, empty=True)
+        try:
+            outputs = self.checker.check_result(item.outputs, request_id)
+            parameters = self._parameters(item.parameters, request_id)
+        except InferenceError as e:
+            return InferResponse({}, {}, version, final=item.final, error=e)
+        return InferResponse(outputs, parameters, version, final=item.final)
+
+    def _record_stream(self, version: int, tensors: list[tuple[str, Any, int]], begin: int, sent: int,
+                       first: StreamItem | None, last: StreamItem | None, failed: bool) -> None:
+        now = time.monotonic_ns()
+        if failed or first is None or last is None:
+            self.stats.record_failure(version, begin, now)
+            return
+        batch = int(tensors[0][1].shape[0]) if self.config.max_batch_size > 0 and tensors else 1
+        self.stats.record_success(version, batch, begin, sent, first.exec_start, last.exec_end, now)
+
+    def stream(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
+               model_version: str | int, parameters: str, request_id: str, timeout: float | None,
+               correlation_id: int | str, flags: int, *,
+               timeout_us: int | None = None) -> Generator[InferResponse, None, None]:
+        """The responses of one request, as they come (a default-mode model gives one). Leaving
+        the iteration early cancels the request."""
+        if not self.decoupled:
+            yield self.infer(inputs, outputs, model_version, parameters, request_id, timeout, correlation_id, flags,
+                             timeout_us=timeout_us)
+            return
+        begin = time.monotonic_ns()
+        version = self.resolve_version(model_version)
+        try:
+            stream, tensors = self._open_stream(inputs, outputs, version, parameters, request_id, correlation_id,
+                                                flags, timeout_us)
+        except InferenceError:
+            self.stats.record_failure(version, begin, time.monotonic_ns())
+            raise
+        deadline = None if timeout is None else time.monotonic() + timeout
+        first = last = None
+        failed = False
+        try:
+            while True:
+                item = stream.next(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+                if item is None:
+                    failed = True
+                    raise InferenceError("UNAVAILABLE", f"Request timeout expired: model '{self.name}' did not "
+                                                        f"complete the request within {timeout} s")
+                first, last = first or item, item
+                failed = failed or item.error is not None
+                yield self._stream_response(version, item, request_id)
+                if item.final:
+                    return
+        finally:
+            stream.close()
+            if failed or (last is not None and last.final):
+                self._record_stream(version, tensors, begin, stream.sent, first, last, failed)
+
+    async def stream_async(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
+                           model_version: str | int, parameters: str, request_id: str, timeout: float | None,
+                           correlation_id: int | str, flags: int, *,
+                           timeout_us: int | None = None) -> AsyncGenerator[InferResponse, None]:
+        """``stream`` for asyncio callers."""
+        if not self.decoupled:
+            yield await self.infer_async(inputs, outputs, model_version, parameters, request_id, timeout,
+                                         correlation_id, flags, timeout_us=timeout_us)
+            return
+        begin = time.monotonic_ns()
+        version = self.resolve_version(model_version)
+        try:
+            chosen, _, _ = self._route(inputs, outputs, version, request_id)
+            process = chosen.process
+            if chosen.state is not InstanceState.READY:
+                process = await asyncio.get_running_loop().run_in_executor(None, chosen._wait_ready, timeout)
+            stream, tensors = self._open_stream(inputs, outputs, version, parameters, request_id, correlation_id,
+                                                flags, timeout_us, process, chosen)
+        except InferenceError:
+            self.stats.record_failure(version, begin, time.monotonic_ns())
+            raise
+        first = last = None
+        failed = False
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(stream.next_async(), timeout)
+                except asyncio.TimeoutError:
+                    failed = True
+                    raise InferenceError("UNAVAILABLE", f"Request timeout expired: model '{self.name}' did not "
+                                                        f"complete the request within {timeout} s") from None
+                first, last = first or item, item
+                failed = failed or item.error is not None
+                yield self._stream_response(version, item, request_id)
+                if item.final:
+                    return
+        finally:
+            stream.close()
+            if failed or (last is not None and last.final):
+                self._record_stream(version, tensors, begin, stream.sent, first, last, failed)
 
     def statistics(self, version: str | int = "") -> list[dict[str, Any]]:
         """Triton's ``model_stats`` entries: one per loaded version, or the one asked for."""

@@ -23,7 +23,7 @@ import os
 import signal
 import threading
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ import numpy as np
 
 from stubhost._core import CoreError
 from stubhost.config.dtypes import config_dtype_to_triton
+from stubhost.host.bls import BlsService
 from stubhost.host.errors import InferenceError
 from stubhost.host.instance import RestartPolicy
 from stubhost.host.model import LoadedModel, LoadOptions
@@ -63,6 +64,11 @@ class Server:
         self._options = LoadOptions(python=python_executable, env=dict(env) if env is not None else None,
                                     auto_complete=auto_complete_config, init_timeout_s=init_timeout,
                                     finalize_timeout_s=finalize_timeout, restart=policy)
+        self._bls = BlsService(self)
+        self._options.on_call = self._bls.handler()
+        # Whether models may load and unload models (pb_utils.load_model): `stubhost serve` turns
+        # it off unless --model-control-mode is explicit, as Triton does.
+        self.allow_model_control = True
         self._models: dict[str, LoadedModel] = {}
         self._expected: set[str] = set()
         self.load_errors: dict[str, str] = {}
@@ -256,6 +262,66 @@ class Server:
         return await model.infer_async(inputs, outputs, model_version, params, request_id, timeout,
                                        correlation_id, flags, timeout_us=request_timeout_us)
 
+    def is_decoupled(self, name: str) -> bool:
+        """True when the model uses the decoupled transaction policy (its responses are streamed)."""
+        return self._model(name).decoupled
+
+    def stream(self, name: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
+               model_version: str | int = "", parameters: Mapping[str, Any] | None = None, request_id: str = "",
+               timeout: float | None = None, correlation_id: int | str = 0,
+               flags: int = 0) -> Iterator[dict[str, np.ndarray]]:
+        """Runs one request and yields the outputs of each response as it comes: any number
+        from a decoupled model, one from a default-mode model. An error response raises
+        InferenceError. Closing the iterator early cancels the request (the model sees
+        ``request.is_cancelled()``). ``timeout`` bounds the whole stream."""
+        for response in self.stream_responses(name, inputs, outputs=outputs, model_version=model_version,
+                                              parameters=parameters, request_id=request_id, timeout=timeout,
+                                              correlation_id=correlation_id, flags=flags):
+            if response.error is not None:
+                raise response.error
+            if not response.empty:
+                yield response.outputs
+
+    async def stream_async(self, name: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
+                           model_version: str | int = "", parameters: Mapping[str, Any] | None = None,
+                           request_id: str = "", timeout: float | None = None, correlation_id: int | str = 0,
+                           flags: int = 0) -> AsyncIterator[dict[str, np.ndarray]]:
+        """``stream`` for asyncio callers; ``aclose()`` (or leaving ``async for``) cancels."""
+        responses = self.stream_responses_async(name, inputs, outputs=outputs, model_version=model_version,
+                                                parameters=parameters, request_id=request_id, timeout=timeout,
+                                                correlation_id=correlation_id, flags=flags)
+        try:
+            async for response in responses:
+                if response.error is not None:
+                    raise response.error
+                if not response.empty:
+                    yield response.outputs
+        finally:
+            await responses.aclose()
+
+    def stream_responses(self, name: str, inputs: Mapping[str, Any], *,
+                         outputs: Sequence[str | RegionDestination] | None = None, model_version: str | int = "",
+                         parameters: Mapping[str, Any] | None = None, request_id: str = "",
+                         timeout: float | None = None, correlation_id: int | str = 0, flags: int = 0,
+                         request_timeout_us: int | None = None) -> Generator[InferResponse, None, None]:
+        """``stream``, yielding whole responses: errors are responses with ``error`` set (a
+        decoupled model may go on after one), and a final flag sent without a response is an
+        ``empty`` response."""
+        model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
+        return model.stream(inputs, outputs, model_version, params, request_id, timeout, correlation_id, flags,
+                            timeout_us=request_timeout_us)
+
+    def stream_responses_async(self, name: str, inputs: Mapping[str, Any], *,
+                               outputs: Sequence[str | RegionDestination] | None = None,
+                               model_version: str | int = "", parameters: Mapping[str, Any] | None = None,
+                               request_id: str = "", timeout: float | None = None, correlation_id: int | str = 0,
+                               flags: int = 0,
+                               request_timeout_us: int | None = None) -> AsyncGenerator[InferResponse, None]:
+        """``stream_responses`` for asyncio callers."""
+        model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
+        return model.stream_async(inputs, outputs, model_version, params, request_id, timeout, correlation_id, flags,
+                                  timeout_us=request_timeout_us)
+
     def statistics(self, name: str = "", version: str | int = "") -> dict[str, Any]:
         """Triton's statistics-extension answer: ``{"model_stats": [...]}`` for one model (and
         version) or, with no name, for every loaded model."""
@@ -312,6 +378,7 @@ class Server:
             models, self._models = list(self._models.values()), {}
         for model in models:
             model.stop()
+        self._bls.close()
         if self._monitor is not threading.current_thread():
             self._monitor.join(timeout=1.0)
         _live_servers.discard(self)

@@ -7,6 +7,7 @@ and are logged with the instance's name; ``pb_utils.Logger`` lines keep their le
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -19,7 +20,9 @@ from typing import IO, Any
 
 from stubhost import _core
 from stubhost._core import Command, IPCControl, IPCMessage, MessageQueue, Pool
+from stubhost.host.errors import InferenceError
 from stubhost.host.regions import ClientRegion
+from stubhost.host.streams import ResponseStream, is_deferred, stream_item
 from stubhost.protocol import LOG_MARKER, REPLY_ERROR, REPLY_OK, REPLY_STUB_GONE, read_payload, write_payload
 
 log = logging.getLogger("stubhost")
@@ -29,6 +32,11 @@ DEATH_CHECK_S = 0.1      # how often a waiting caller checks that its stub still
 COMPLETION_POLL_S = 0.1  # how often the completion thread also polls for replies it was not told of
 PUSH_TIMEOUT_S = 5.0     # how long a command that nobody waits for may wait for room in the queue
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+
+
+# What the stub asks of the server (BLS): served by `on_call`.
+_CALLS = (Command.INFER_EXEC_REQUEST, Command.INFER_STREAM_EXEC_REQUEST, Command.CANCEL_REQUEST,
+          Command.MODEL_CONTROL_REQUEST)
 
 
 class StubCallError(Exception):
@@ -47,8 +55,10 @@ class StubProcess:
     """
 
     def __init__(self, instance_name: str, *, python: str | None = None, env: Mapping[str, str] | None = None,
-                 pool_size: int = 8 << 20, pool_growth: int = 32 << 20, pool_max: int = 8 << 30) -> None:
+                 pool_size: int = 8 << 20, pool_growth: int = 32 << 20, pool_max: int = 8 << 30,
+                 on_call: Callable[[StubProcess, IPCMessage], None] | None = None) -> None:
         self.instance_name = instance_name
+        self.on_call = on_call  # serves the stub's BLS calls: must release the message (and answer it)
         self.pool = Pool.create(initial_size=pool_size, growth_size=pool_growth, max_size=pool_max)
         self.inflight: dict[int, IPCMessage] = {}
         self.dead = False  # set once the stub is known to be gone; never cleared
@@ -59,12 +69,18 @@ class StubProcess:
         self._closing = False
         self._regions: set[int] = set()  # ids of the client regions this stub was asked to map
         self._regions_lock = threading.Lock()
+        self.streams: dict[int, ResponseStream] = {}  # request record -> responses its sender sends
+        self._streams_lock = threading.Lock()
         try:
             self.control = IPCControl.create(self.pool)
             self.inbox = MessageQueue.create(self.pool, QUEUE_CAPACITY)
             self.outbox = MessageQueue.create(self.pool, QUEUE_CAPACITY)
+            self.calls = MessageQueue.create(self.pool, QUEUE_CAPACITY)    # stub -> parent (responses, ...)
+            self.answers = MessageQueue.create(self.pool, QUEUE_CAPACITY)  # parent -> stub (cancellations)
             self.control.stub_message_queue = self.inbox.handle
             self.control.parent_message_queue = self.outbox.handle
+            self.control.stub_to_parent_mq = self.calls.handle
+            self.control.parent_to_stub_mq = self.answers.handle
             self.control.parent_pid = os.getpid()
             self.control.set_health(stub=False, value=True)
             spec = json.dumps({"pool": self.pool.name, "control": self.control.handle, "instance": instance_name})
@@ -79,6 +95,8 @@ class StubProcess:
         self._pump = threading.Thread(target=self._pump_logs, args=(self.process.stdout,),
                                       name=f"stubhost-log-{instance_name}", daemon=True)
         self._pump.start()
+        self._caller = threading.Thread(target=self._serve_calls, name=f"stubhost-calls-{instance_name}", daemon=True)
+        self._caller.start()
 
     # ---- logging ---------------------------------------------------------------------------------
     def _pump_logs(self, stream: IO[bytes] | None) -> None:
@@ -108,15 +126,16 @@ class StubProcess:
 
     # ---- commands --------------------------------------------------------------------------------
     def submit(self, command: Command, args: int, timeout: float | None,
-               on_reply: Callable[[], None] | None = None) -> IPCMessage:
+               on_reply: Callable[..., None] | None = None, pass_message: bool = False) -> IPCMessage:
         """Sends one inline-reply command; the caller waits on it and then calls ``finish``.
 
         With `on_reply`, the caller does not wait in a thread: `on_reply` is called (from the
-        completion thread, or from whoever fails the message) once the message is answered.
+        completion thread, or from whoever fails the message) once the message is answered,
+        with the message as its argument when `pass_message` is set.
         """
         message = IPCMessage.create(self.pool, command, args=args, inline_reply=True, notify=on_reply is not None)
         if on_reply is not None:
-            self.waiters[message.handle] = on_reply
+            self.waiters[message.handle] = functools.partial(on_reply, message) if pass_message else on_reply
             self._start_completer()
         self.inflight[message.handle] = message
         # SYNC with fail_inflight(): it sets `dead` before it walks `inflight`, so a message either
@@ -233,6 +252,12 @@ class StubProcess:
                     pass
                 reply = 0
             try:
+                if record and reply and status == REPLY_OK and is_deferred(self.pool, reply):
+                    # Its sender still answers it: the record lives until the final response.
+                    stream = self.stream_for(record)
+                    self.abandon_stream(record, stream)
+                    stream.executed(record)
+                    record = 0
                 if record:
                     self.pool.free(record)
                 if reply:
@@ -282,11 +307,98 @@ class StubProcess:
                 if message is not None and message.wait_reply(0):
                     self._notify(pending)
 
+    # ---- calls from the stub ----------------------------------------------------------------------
+    def _serve_calls(self) -> None:
+        """Calls thread: reads the stub's one-way messages (responses its senders send)."""
+        while not self._closing:
+            handle = self.calls.pop(timeout=COMPLETION_POLL_S)
+            if not handle:
+                continue
+            try:
+                message = IPCMessage.attach(self.pool, handle)
+            except _core.CoreError as e:
+                log.warning("stub '%s' sent a malformed message: %s", self.instance_name, e)
+                continue
+            command = message.command
+            if command in _CALLS and self.on_call is not None:
+                self.on_call(self, message)  # answers and releases it (from a thread of its own)
+                continue
+            args, request = message.args, message.request_id
+            if command == Command.RESPONSE_SEND:
+                message.release()
+                self._on_response(request, args)
+                continue
+            log.warning("stub '%s' sent an unexpected %s", self.instance_name, command.name)
+            if message.inline_reply:
+                try:
+                    message.reply(REPLY_ERROR, 0)
+                except _core.CoreError:
+                    pass
+            message.release()
+
+    def _on_response(self, record: int, response: int) -> None:
+        item = stream_item(self.pool, response, self.instance_name)
+        stream = self.stream_for(record)
+        stream.put(item)
+        if item.final and stream.abandoned:
+            self.forget_stream(record)
+
+    def stream_for(self, record: int) -> ResponseStream:
+        """The stream of responses to the request whose record is `record` (made on first use:
+        a response may come before the Execute reply that says to expect it)."""
+        stream = self.streams.get(record)
+        if stream is None:
+            with self._streams_lock:
+                stream = self.streams.get(record)
+                if stream is None:
+                    stream = self.streams[record] = ResponseStream(self.pool)
+                    if self.dead:
+                        stream.fail(InferenceError("INTERNAL", f"Stub process '{self.instance_name}' is not healthy."))
+        return stream
+
+    def forget_stream(self, record: int) -> None:
+        """Drops a stream its consumer is done with."""
+        with self._streams_lock:
+            self.streams.pop(record, None)
+
+    def abandon_stream(self, record: int, stream: ResponseStream) -> None:
+        """The consumer left early: the model is told the request is cancelled, and what it
+        still sends is dropped (the stream goes once its final response is in)."""
+        if stream.abandon():
+            self.cancel(record)
+            if stream.final:  # it ended meanwhile
+                self.forget_stream(record)
+        else:
+            self.forget_stream(record)
+
+    def cancel(self, record: int) -> None:
+        """Tells the stub that the caller of a request cancelled it (``is_cancelled()``)."""
+        if not self.post(Command.CANCEL_REQUEST, 0, record, timeout=0.1):
+            log.warning("stub '%s' could not be told of a cancellation", self.instance_name)
+
+    def post(self, command: Command, args: int, request_id: int, timeout: float = PUSH_TIMEOUT_S) -> bool:
+        """Queues a one-way message on ``parent_to_stub_mq``; False (and `args` is left to the
+        caller) when the stub is gone, the pool is full or the queue stayed full."""
+        if self.dead:
+            return False
+        try:
+            message = IPCMessage.create(self.pool, command, args=args, request_id=request_id)
+        except _core.CoreError:
+            return False
+        if not self.answers.push(message.handle, timeout=timeout):
+            message.release()
+            return False
+        return True
+
     def fail_inflight(self) -> None:
         """Wakes every caller still waiting on this stub (it died or is being replaced)."""
         self.dead = True
         for message in list(self.inflight.values()):
             self.fail_message(message)
+        with self._streams_lock:
+            streams = list(self.streams.values())
+        for stream in streams:
+            stream.fail(InferenceError("INTERNAL", f"Stub process '{self.instance_name}' is not healthy."))
 
     # ---- stopping --------------------------------------------------------------------------------
     def kill(self) -> None:
@@ -306,5 +418,7 @@ class StubProcess:
         if self._completer is not None:
             self.outbox.push(0, timeout=0.1)  # wakes the completion thread, which sees _closing
             self._completer.join(timeout=1.0)
+        self.calls.push(0, timeout=0.1)  # the same for the calls thread
+        self._caller.join(timeout=1.0)
         self._pump.join(timeout=1.0)
         self.pool.close()

@@ -21,7 +21,8 @@ from stubhost.server import grpc_codec
 from stubhost.server import grpc_service_pb2 as pb
 from stubhost.server.grpc_methods import generic_handler
 from stubhost.server.restricted import Restrictions
-from stubhost.server.service import InferenceService
+from stubhost.server.service import EMPTY_FINAL_RESPONSE, InferenceService
+from stubhost.server.types import InferResult
 
 STATUS_OF_CODE = {
     "INVALID_ARG": grpc.StatusCode.INVALID_ARGUMENT, "NOT_FOUND": grpc.StatusCode.NOT_FOUND,
@@ -29,6 +30,7 @@ STATUS_OF_CODE = {
     "UNSUPPORTED": grpc.StatusCode.UNIMPLEMENTED, "ALREADY_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
     "CANCELLED": grpc.StatusCode.CANCELLED, "UNKNOWN": grpc.StatusCode.UNKNOWN,
 }
+_FINAL_RESPONSE = "triton_final_response"  # response parameter: the request's last response
 MAX_MESSAGE_BYTES = (1 << 31) - 1  # grpcio's largest; tensors are bounded by the codec instead
 
 Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
@@ -181,23 +183,58 @@ class GrpcFrontend:
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # ---- inference -------------------------------------------------------------------------------
-    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        result = await self.service.infer(grpc_codec.decode_infer_request(request))
+    @staticmethod
+    def _encode(result: InferResult) -> pb.ModelInferResponse:
         try:
             return grpc_codec.encode_infer_response(result)
         except (TypeError, ValueError) as e:  # an output that cannot be sent: the server's fault
-            raise InferenceError("INTERNAL", f"failed to encode the response of model '{request.model_name}': "
+            raise InferenceError("INTERNAL", f"failed to encode the response of model '{result.model_name}': "
                                              f"{e}") from None
 
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        return await self._infer(request)
+        return self._encode(await self.service.infer(grpc_codec.decode_infer_request(request),
+                                                     endpoint="ModelInfer RPC"))
 
-    async def _stream_one(self, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+    async def _stream_one(self, request: pb.ModelInferRequest,
+                          out: asyncio.Queue[pb.ModelStreamInferResponse | None]) -> None:
+        """Streams the responses of one request of a ModelStreamInfer call into `out`. With the
+        request parameter ``triton_enable_empty_final_response`` every response says whether it
+        is the last (``triton_final_response``) and a final flag sent alone is sent too, as in
+        Triton; without it, a final flag alone is not sent."""
+        def failed(message: str) -> pb.ModelStreamInferResponse:
+            return pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(
+                id=request.id, model_name=request.model_name, model_version=request.model_version))
+
         try:
-            return pb.ModelStreamInferResponse(infer_response=await self._infer(request))
+            decoded = grpc_codec.decode_infer_request(request)
         except InferenceError as e:
-            return pb.ModelStreamInferResponse(error_message=e.message,
-                                               infer_response=pb.ModelInferResponse(id=request.id))
+            await out.put(failed(e.message))
+            return
+        flag_final = decoded.parameters.get(EMPTY_FINAL_RESPONSE) is True
+        events = self.service.infer_stream(decoded)
+        try:
+            async for event in events:
+                if event.error is not None:
+                    await out.put(failed(event.error.message))
+                    continue
+                if event.result is None:
+                    if not flag_final:
+                        continue
+                    response = pb.ModelInferResponse(id=request.id, model_name=request.model_name,
+                                                     model_version=request.model_version)
+                else:
+                    try:
+                        response = self._encode(event.result)
+                    except InferenceError as e:
+                        await out.put(failed(e.message))
+                        continue
+                if flag_final:
+                    response.parameters[_FINAL_RESPONSE].bool_param = event.final
+                await out.put(pb.ModelStreamInferResponse(infer_response=response))
+        except InferenceError as e:
+            await out.put(failed(e.message))
+        finally:
+            await events.aclose()
 
     async def model_stream_infer(self, requests: AsyncIterator[pb.ModelInferRequest],
                                  context: Any) -> AsyncIterator[pb.ModelStreamInferResponse]:
@@ -210,7 +247,7 @@ class GrpcFrontend:
         pending: set[asyncio.Task[None]] = set()
 
         async def run(request: pb.ModelInferRequest) -> None:
-            await done.put(await self._stream_one(request))
+            await self._stream_one(request, done)
 
         async def read_all() -> None:
             try:

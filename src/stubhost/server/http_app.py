@@ -10,16 +10,18 @@ body is handed to the codec as one buffer, so the request path adds no copies of
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
 
 from stubhost.host.errors import InferenceError
-from stubhost.server import http_codec, http_response
+from stubhost.server import generate, http_codec, http_response
 from stubhost.server.restricted import Restrictions
 from stubhost.server.service import InferenceService
 
@@ -226,6 +228,10 @@ class HttpFrontend:
             self._method(method, "POST")
             self._guard(scope, "inference")
             await self._infer(scope, receive, send, name, version)
+        elif action in ("generate", "generate_stream"):
+            self._method(method, "POST")
+            self._guard(scope, "inference")
+            await self._generate(scope, receive, send, name, version, stream=action == "generate_stream")
         elif action == "":
             self._method(method, "GET")
             self._guard(scope, "metadata")
@@ -274,6 +280,68 @@ class HttpFrontend:
             await self._reply(send, 200, b"".join(chunks) if len(chunks) > 1 else bytes(chunks[0]), headers)
         else:
             await self._reply(send, 200, bytes(chunks[0]), headers, more=chunks[1:])
+
+    async def _generate(self, scope: Scope, receive: Receive, send: Send, name: str, version: str,
+                        stream: bool) -> None:
+        """The generate extension: one JSON response, or (``stream``) one SSE event per response.
+        An error before the first response is a plain JSON error with its status; a client that
+        goes away cancels the request."""
+        body = await self._read_body(scope, receive)
+        body = _decompress(body, self._header(scope, b"content-encoding"), self.max_body)
+        inputs = self.service.model_metadata(name, version)["inputs"]
+        request = generate.decode_generate_request(name, version, body, inputs)
+        events = self.service.infer_stream(request)
+        if not stream:
+            await self._generate_once(send, events, name)
+            return
+        gone = asyncio.ensure_future(_disconnected(receive))
+        started = False
+        try:
+            async for event in _until(events, gone):
+                if event.result is None and event.error is None:
+                    continue  # a final flag alone: the stream's end says it
+                if not started:
+                    if event.error is not None:  # nothing was sent yet: a plain error reply
+                        raise event.error
+                    await send({"type": "http.response.start", "status": 200,
+                                "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                                            (b"cache-control", b"no-cache")]})
+                    started = True
+                payload = (http_response.encode_error(event.error.message) if event.error is not None
+                           else generate.encode_generate_response(event.result))  # type: ignore[arg-type]
+                await send({"type": "http.response.body", "body": generate.sse_event(payload), "more_body": True})
+        except InferenceError as e:
+            if not started:
+                raise
+            await send({"type": "http.response.body", "body": generate.sse_event(http_response.encode_error(e.message)),
+                        "more_body": True})
+        finally:
+            gone.cancel()
+            await events.aclose()
+        if not started:  # no response at all (a final flag alone)
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _generate_once(self, send: Send, events: AsyncGenerator[Any, None], name: str) -> None:
+        """``generate``: the request's one response as JSON (a model that streams several must be
+        asked through ``generate_stream``)."""
+        result = None
+        try:
+            async for event in events:
+                if event.error is not None:
+                    raise event.error
+                if event.result is None:
+                    continue
+                if result is not None:
+                    raise InferenceError("UNSUPPORTED", f"model '{name}' sent more than one response: use the "
+                                                        "generate_stream endpoint")
+                result = event.result
+        finally:
+            await events.aclose()
+        if result is None:
+            raise InferenceError("INTERNAL", f"model '{name}' sent no response")
+        await self._reply(send, 200, generate.encode_generate_response(result))
 
     async def _repository(self, scope: Scope, receive: Receive, send: Send, method: str, rest: list[str]) -> None:
         self._method(method, "POST")
@@ -347,3 +415,25 @@ def _b64decode(text: str) -> bytes:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise InferenceError("INVALID_ARG", "'raw_handle.b64' is not valid base64") from None
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns once the client has gone away (the body was read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _until(events: AsyncIterator[Any], gone: asyncio.Future[None]) -> AsyncIterator[Any]:
+    """`events`, until `gone` completes (the client left): then the iteration just ends."""
+    while True:
+        step = asyncio.ensure_future(events.__anext__())
+        done, _ = await asyncio.wait({step, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if step not in done:
+            step.cancel()  # the generator's clean-up (cancelling the request) runs now
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await step
+            return
+        try:
+            yield step.result()
+        except StopAsyncIteration:
+            return

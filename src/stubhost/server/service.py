@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -37,7 +37,9 @@ _SEQUENCE_START = "sequence_start"
 _SEQUENCE_END = "sequence_end"
 _PRIORITY = "priority"
 _TIMEOUT = "timeout"
-_RESERVED = {_SEQUENCE_ID, _SEQUENCE_START, _SEQUENCE_END, _PRIORITY, _TIMEOUT, "binary_data_output"}
+EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"  # gRPC streams: send the final flag alone too
+_RESERVED = {_SEQUENCE_ID, _SEQUENCE_START, _SEQUENCE_END, _PRIORITY, _TIMEOUT, "binary_data_output",
+             EMPTY_FINAL_RESPONSE}
 _FLAG_START = 1
 _FLAG_END = 2
 
@@ -69,6 +71,15 @@ def _request_controls(request: InferRequest) -> tuple[dict[str, Any], int | str,
         timeout = timeout_us or None
     model_params = {k: v for k, v in params.items() if k not in _RESERVED}
     return model_params, correlation, flags, timeout
+
+
+class StreamEvent(NamedTuple):
+    """One response of a streamed request: a result, or an error, or (both None) only the final
+    flag; ``final`` says whether it is the request's last."""
+
+    result: InferResult | None
+    error: InferenceError | None
+    final: bool
 
 
 def _datatype(array: np.ndarray) -> str:
@@ -153,9 +164,69 @@ class InferenceService:
         await asyncio.get_running_loop().run_in_executor(None, self.server.unload, name)
 
     # ---- inference -------------------------------------------------------------------------------
-    async def infer(self, request: InferRequest) -> InferResult:
+    async def infer(self, request: InferRequest, *, endpoint: str = "HTTP end point") -> InferResult:
         """Runs one decoded request: inputs in client regions are read in place, outputs bound
-        for client regions are copied there once."""
+        for client regions are copied there once. A decoupled model is refused, in Triton's
+        words naming the `endpoint`: its responses can only be streamed."""
+        if self.server.is_decoupled(request.model_name):
+            raise InferenceError("UNSUPPORTED", f"{endpoint} doesn't support models with decoupled transaction "
+                                                "policy")
+        self._check_request(request)
+        leases: list[RegionLease] = []
+        self.inflight += 1
+        try:
+            response = await self.server.infer_response_async(request.model_name, **self._call(request, leases))
+            outputs = self._outputs(request, response.outputs, leases)
+            return InferResult(request.model_name, str(response.model_version), request.id,
+                               response.parameters, outputs)
+        finally:
+            self.inflight -= 1
+            for lease in leases:
+                lease.release()
+
+    async def infer_stream(self, request: InferRequest) -> AsyncGenerator[StreamEvent, None]:
+        """Runs one decoded request and yields its responses as they come: any number from a
+        decoupled model, one from a default-mode model. Errors the model sends are events (a
+        decoupled model may go on after one); a failure before the model runs raises. Closing
+        the iterator early cancels the request."""
+        self._check_request(request)
+        leases: list[RegionLease] = []
+        self.inflight += 1
+        try:
+            responses = self.server.stream_responses_async(request.model_name, **self._call(request, leases))
+            try:
+                async for response in responses:
+                    if response.error is not None:
+                        yield StreamEvent(None, response.error, response.final)
+                    elif response.empty:
+                        yield StreamEvent(None, None, response.final)
+                    else:
+                        try:
+                            outputs = self._outputs(request, response.outputs, leases)
+                        except InferenceError as e:
+                            yield StreamEvent(None, e, response.final)
+                            continue
+                        yield StreamEvent(InferResult(request.model_name, str(response.model_version), request.id,
+                                                      response.parameters, outputs), None, response.final)
+            finally:
+                await responses.aclose()
+        finally:
+            self.inflight -= 1
+            for lease in leases:
+                lease.release()
+
+    def _call(self, request: InferRequest, leases: list[RegionLease]) -> dict[str, Any]:
+        """The keyword arguments of the in-process call that runs `request` (regions it uses
+        are leased into `leases`)."""
+        inputs = self._inputs(request, leases)
+        params, correlation, flags, timeout = _request_controls(request)
+        names = [self._destination(o, leases) if o.shm is not None else o.name for o in request.outputs] or None
+        return {"inputs": inputs, "outputs": names, "model_version": request.model_version, "parameters": params,
+                "request_id": request.id, "correlation_id": correlation, "flags": flags,
+                "request_timeout_us": timeout}
+
+    def _check_request(self, request: InferRequest) -> None:
+        """Limits and refusals that hold before anything runs."""
         for kind, count in (("inputs", len(request.inputs)), ("requested outputs", len(request.outputs))):
             if count > self.max_tensors:
                 raise InferenceError("INVALID_ARG", f"request has {count} {kind}, more than the limit of "
@@ -164,23 +235,6 @@ class InferenceService:
             if spec.classification:  # refused before the model runs, not after
                 raise InferenceError("UNSUPPORTED", f"output '{spec.name}': the classification extension is "
                                                     "not supported")
-        leases: list[RegionLease] = []
-        self.inflight += 1
-        try:
-            inputs = self._inputs(request, leases)
-            params, correlation, flags, timeout = _request_controls(request)
-            names = [self._destination(o, leases) if o.shm is not None else o.name for o in request.outputs] or None
-            response = await self.server.infer_response_async(
-                request.model_name, inputs, outputs=names, model_version=request.model_version,
-                parameters=params, request_id=request.id, correlation_id=correlation, flags=flags,
-                request_timeout_us=timeout)
-            outputs = self._outputs(request, response.outputs, leases)
-            return InferResult(request.model_name, str(response.model_version), request.id,
-                               response.parameters, outputs)
-        finally:
-            self.inflight -= 1
-            for lease in leases:
-                lease.release()
 
     async def drained(self, timeout: float) -> bool:
         """Waits (at most `timeout` s) until no inference request is running; True if none is."""

@@ -11,8 +11,16 @@ from stubhost import _core
 from stubhost._core import Pool, RecordKind
 from stubhost.backend_utils.request import InferenceRequest
 from stubhost.backend_utils.response import InferenceResponse
+from stubhost.backend_utils.response_sender import SenderState
 from stubhost.backend_utils.tensor import Tensor
-from stubhost.protocol import MAX_BATCH_RECORDS, OUTPUT_DESTINATION_SEP, REQUEST_FIXED_STRINGS, decode_destination
+from stubhost.protocol import (
+    MAX_BATCH_RECORDS,
+    OUTPUT_DESTINATION_SEP,
+    REQUEST_FIXED_STRINGS,
+    RESPONSE_DEFERRED,
+    RESPONSE_EMPTY,
+    decode_destination,
+)
 
 _RESPONSE = int(RecordKind.RESPONSE)
 _INTERNAL = 1  # TritonError.INTERNAL
@@ -29,6 +37,7 @@ def read_requests(pool: Pool, first: int, model_name: str, model_version: int,
     while handle:
         if len(requests) >= MAX_BATCH_RECORDS:
             raise _core.FormatError("request chain is longer than any batch can be")
+        this = handle
         # Positional arguments: pybind11's keyword path costs about a microsecond a call.
         _, _, ints, handle, strings, tensors = (_core.read_record(pool, handle, False, regions) if regions
                                                 else _core.read_record(pool, handle))
@@ -50,6 +59,7 @@ def read_requests(pool: Pool, first: int, model_name: str, model_version: int,
         request = InferenceRequest._from_stub(inputs, requested, strings[0], correlation, ints[0], ints[2],
                                               strings[1] or "{}", model_name, model_version)
         request._destinations = destinations
+        request._state = SenderState(this)  # the record's handle names the request to the parent
         requests.append(request)
     return requests
 
@@ -58,6 +68,12 @@ def write_error(pool: Pool, message: str, code: int = _INTERNAL, next_handle: in
                 times: tuple[int, int, int] = (0, 0, 0)) -> int:
     """One response record that fails its request with `message`."""
     return _core.write_record(pool, _RESPONSE, 1 + code, times, (message, "{}"), (), next_handle)
+
+
+def write_flags(pool: Pool, times: tuple[int, int, int], next_handle: int = 0) -> int:
+    """A response record without a response: only its flags (times[2]), e.g. the final flag."""
+    return _core.write_record(pool, _RESPONSE, 0, (times[0], times[1], times[2] | RESPONSE_EMPTY), ("", "{}"), (),
+                              next_handle)
 
 
 def _place(tensor: Tensor, where: tuple[int, int, int], targets: dict[int, memoryview]) -> tuple[object, ...]:
@@ -146,12 +162,21 @@ def _chain(pool: Pool, writers: Iterable[Callable[[int], int]]) -> int:
     return handle
 
 
-def write_responses(pool: Pool, requests: Sequence[InferenceRequest], responses: Sequence[InferenceResponse],
-                    times: tuple[int, int, int] = (0, 0, 0), targets: dict[int, memoryview] | None = None) -> int:
-    """Writes one record per request, chained in request order; returns the first handle."""
+def _write_reply(pool: Pool, request: InferenceRequest, response: InferenceResponse | None, next_handle: int,
+                 times: tuple[int, int, int], targets: dict[int, memoryview] | None) -> int:
+    if response is None:  # answered through the request's response sender
+        return write_flags(pool, (times[0], times[1], RESPONSE_DEFERRED), next_handle)
+    return write_response(pool, request, response, next_handle, times, targets)
+
+
+def write_responses(pool: Pool, requests: Sequence[InferenceRequest],
+                    responses: Sequence[InferenceResponse | None], times: tuple[int, int, int] = (0, 0, 0),
+                    targets: dict[int, memoryview] | None = None) -> int:
+    """Writes one record per request, chained in request order; returns the first handle. A
+    None response writes a DEFERRED placeholder (the request's sender answers it)."""
     if len(requests) == 1:  # the common case, without the chain machinery
-        return write_response(pool, requests[0], responses[0], 0, times, targets)
-    return _chain(pool, (functools.partial(write_response, pool, request, response, times=times, targets=targets)
+        return _write_reply(pool, requests[0], responses[0], 0, times, targets)
+    return _chain(pool, (functools.partial(_write_reply, pool, request, response, times=times, targets=targets)
                          for request, response in zip(reversed(requests), reversed(responses))))
 
 

@@ -7,6 +7,8 @@ left in /dev/shm even after a SIGKILL of the parent.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import mmap
 import os
@@ -22,13 +24,19 @@ import _posixshmem  # CPython's shm_open binding (what multiprocessing.shared_me
 
 from stubhost import _core
 from stubhost._core import Command, IPCControl, IPCMessage, MessageQueue, Pool
+from stubhost.backend_utils import bls
 from stubhost.backend_utils import helpers as pb_helpers
-from stubhost.backend_utils.logger import LogLevel, set_log_sink
+from stubhost.backend_utils.errors import TritonError
+from stubhost.backend_utils.logger import Logger, LogLevel, set_log_sink
 from stubhost.backend_utils.model_config import ModelConfig
+from stubhost.backend_utils.request import InferenceRequest
 from stubhost.backend_utils.response import InferenceResponse
+from stubhost.backend_utils.response_sender import InferenceResponseSender, set_transport
 from stubhost.protocol import LOG_MARKER, REPLY_ERROR, REPLY_OK, read_payload, write_payload
 from stubhost.stub import codec
 from stubhost.stub.loader import load_model_module
+from stubhost.stub.caller import StubCaller
+from stubhost.stub.responder import StubResponder
 
 WATCHDOG_PERIOD_S = 0.1
 NOTIFY_TIMEOUT_S = 1.0
@@ -40,6 +48,10 @@ def format_exception(e: BaseException) -> str:
     for frame in reversed(traceback.extract_tb(e.__traceback__)):
         lines.append(f"  {frame.filename}({frame.lineno}): {frame.name}")
     return "\n".join(lines) + "\n"
+
+
+class _ExecuteError(Exception):
+    """A broken rule of the execute contract; its text is shown as is (no frames)."""
 
 
 def _log_to_parent(message: str, level: LogLevel, filename: str, line: int) -> None:
@@ -64,6 +76,13 @@ class StubRuntime:
         self.model_version = 0
         self.regions: dict[int, memoryview] = {}  # client regions by id, read-only views for inputs
         self.targets: dict[int, memoryview] = {}  # the same regions, writable, for outputs placed there
+        self.calls = MessageQueue.attach(self.pool, self.control.stub_to_parent_mq)
+        self.answers = MessageQueue.attach(self.pool, self.control.parent_to_stub_mq)
+        self.responder = StubResponder(self.pool, self.calls, self.parent_alive, self.targets)
+        self.caller = StubCaller(self.pool, self.calls, self.parent_alive)
+        self.decoupled = False
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # runs ``async def execute`` (made on first use)
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def parent_alive(self) -> bool:
@@ -93,6 +112,21 @@ class StubRuntime:
         self.control.stub_pid = os.getpid()
         self.control.set_health(stub=True, value=True)
         threading.Thread(target=self.watch_parent, name="stubhost-watchdog", daemon=True).start()
+        answers = threading.Thread(target=self.serve_answers, name="stubhost-answers", daemon=True)
+        answers.start()
+        set_transport(self.responder)
+        bls.set_caller(self.caller)
+        try:
+            return self.serve()
+        finally:
+            # A thread blocked in a core call (GIL released) must not outlive the interpreter:
+            # it would be killed inside C++ at exit (std::terminate).
+            self._stopping = True
+            self.answers.push(0, timeout=0.1)
+            answers.join(timeout=2.0)
+
+    def serve(self) -> int:
+        """The command loop."""
         handlers = {
             Command.EXECUTE_REQUEST: self.on_execute,
             Command.INITIALIZE_REQUEST: self.on_initialize,
@@ -126,6 +160,33 @@ class StubRuntime:
             if command == Command.FINALIZE_REQUEST:
                 self.control.set_health(stub=True, value=False)
                 return 0
+
+    def serve_answers(self) -> None:
+        """Reads the parent's one-way messages (cancellations, decoupled BLS responses) while the
+        stub runs."""
+        while not self._stopping:
+            handle = self.answers.pop(timeout=1.0)
+            if not handle:
+                continue
+            try:
+                message = IPCMessage.attach(self.pool, handle)
+            except _core.CoreError as e:
+                print(f"stubhost stub: ignoring a malformed message from the parent: {e}", file=sys.stderr)
+                continue
+            command, request, args = message.command, message.request_id, message.args
+            message.release()
+            if command == Command.CANCEL_REQUEST:
+                self.responder.cancel(request)
+            elif command == Command.RESPONSE_SEND:  # a response of a decoupled BLS call
+                self.caller.deliver(request, args)
+
+    def async_loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop ``async def execute`` runs on, in a thread of its own (made once)."""
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="stubhost-async", daemon=True).start()
+            self._loop = loop
+        return self._loop
 
     def reply_error(self, message: IPCMessage, text: str) -> None:
         """Answers `message` with an error payload."""
@@ -168,12 +229,14 @@ class StubRuntime:
         self.model_name = args["model_name"]
         self.instance_name = args["model_instance_name"]
         self.model_version = int(args["model_version"])
+        self.decoupled = self.responder.decoupled = bool(payload.get("decoupled", False))
         model = module.TritonPythonModel()
         if not callable(getattr(model, "execute", None)):
             raise AttributeError("TritonPythonModel must define an 'execute' method")
         if hasattr(model, "initialize"):
             model.initialize(args)
         self.model = model
+        self.caller.allowed = True
         has_is_ready = callable(getattr(model, "is_ready", None))
         message.reply(REPLY_OK, write_payload(self.pool, {"is_ready": has_is_ready}))
 
@@ -209,34 +272,123 @@ class StubRuntime:
     def on_execute(self, message: IPCMessage) -> None:
         requests = codec.read_requests(self.pool, message.args, self.model_name, self.model_version, self.regions)
         start = time.monotonic_ns()
+        if self.decoupled:
+            self.execute_decoupled(requests, start)
+            message.reply(REPLY_OK, 0)
+            return
         try:
             result = self.model.execute(requests)
-            responses = self.check_responses(result, len(requests))
+            if asyncio.iscoroutine(result):
+                # Run in the background so that the next Execute need not wait (Triton waits);
+                # the responses then travel through the requests' senders.
+                self.run_async(result, requests, start)
+                result = None
+            responses = self.check_responses(result, requests)
         except Exception as e:
-            text = f"Failed to process the request(s) for model instance '{self.instance_name}', message: "
-            first = codec.write_errors(self.pool, len(requests), text + format_exception(e),
-                                       times=(start, time.monotonic_ns(), 0))
+            first = self.write_failure(requests, e, start)
         else:
+            if any(r is None for r in responses):
+                for request, response in zip(requests, responses):
+                    if response is None:
+                        self.responder.watch(request, start)
             first = codec.write_responses(self.pool, requests, responses, (start, time.monotonic_ns(), 0),
                                           self.targets)
         message.reply(REPLY_OK, first)
 
+    def write_failure(self, requests: list[InferenceRequest], e: Exception, start: int) -> int:
+        """The reply of a failed default-mode ``execute``: each request fails with the error,
+        except those a response sender already answered, which keep that answer (as in Triton,
+        the error is then only logged) and are closed if still open."""
+        text = self.failure_text(e)
+        times = (start, time.monotonic_ns(), 0)
+        answered = {id(r) for r in requests if r._state is not None and r._state.sent}
+        if not answered:
+            return codec.write_errors(self.pool, len(requests), text, times=times)
+        Logger.log_error(text)
+        responses: list[InferenceResponse | None] = []
+        for request in requests:
+            if id(request) in answered:
+                self.responder.close_with_error([request], text)  # only the final flag, if still open
+                responses.append(None)  # its answer travels through the sender: DEFERRED
+            else:
+                responses.append(InferenceResponse(error=TritonError(text)))
+        return codec.write_responses(self.pool, requests, responses, times, self.targets)
+
+    def execute_decoupled(self, requests: list[InferenceRequest], start: int) -> None:
+        """Runs a decoupled ``execute``: it must return None; its responses go through the
+        senders. If it fails, every request not closed yet gets the error as its final response."""
+        for request in requests:
+            self.responder.watch(request, start)
+        try:
+            result = self.model.execute(requests)
+            if asyncio.iscoroutine(result):
+                self.run_async(result, requests, start)
+            elif result is not None:
+                raise _ExecuteError(f"Python model '{self.model_name}' is using the decoupled mode and the execute "
+                                    "function must return None.")
+        except Exception as e:
+            self.responder.close_with_error(requests, self.failure_text(e))
+
+    def run_async(self, coroutine: Any, requests: list[InferenceRequest], start: int) -> None:
+        """Runs an ``async def execute`` on the stub's event loop without waiting for it."""
+        if not self.decoupled:
+            for request in requests:
+                self.responder.watch(request, start)
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.async_loop())
+        future.add_done_callback(lambda done: self.after_async(done, requests))
+
+    def after_async(self, future: concurrent.futures.Future[Any], requests: list[InferenceRequest]) -> None:
+        """Delivers what an async ``execute`` returned (or its failure) through the senders."""
+        try:
+            result = future.result()
+            if self.decoupled:
+                if result is not None:
+                    raise _ExecuteError(f"Python model '{self.model_name}' is using the decoupled mode and the "
+                                        "execute function must return None.")
+            else:
+                self.responder.deliver(requests, self.check_responses(result, requests, claim=False))
+        except BaseException as e:  # noqa: BLE001  (a cancelled future too: its requests still need an end)
+            self.responder.close_with_error(requests, self.failure_text(e))
+
+    def failure_text(self, e: BaseException) -> str:
+        """Triton's text for a failed ``execute``."""
+        detail = str(e) if isinstance(e, _ExecuteError) else format_exception(e)
+        return f"Failed to process the request(s) for model instance '{self.instance_name}', message: {detail}"
+
     @staticmethod
-    def check_responses(result: Any, expected: int) -> list[InferenceResponse]:
-        """Raises with Triton's wording unless `result` is a list of `expected` responses."""
+    def check_responses(result: Any, requests: list[InferenceRequest],
+                        claim: bool = True) -> list[InferenceResponse | None]:
+        """What a default-mode ``execute`` returned, checked with Triton's wording: a list of one
+        response per request, where None means the request's sender answers it. None in place
+        of the list means that every request is answered through its sender. With `claim`, a
+        returned response counts as the request's one response (it is sent with the reply);
+        otherwise the caller sends it through the sender, which counts it."""
+        expected = len(requests)
+        if result is None:
+            return [None] * expected
         if not isinstance(result, list):
-            raise TypeError(f"Expected a list in the execute return, found type '{type(result)}'.")
+            raise _ExecuteError(f"Expected a list in the execute return, found type '{type(result)}'.")
         if len(result) != expected:
-            raise ValueError("Number of InferenceResponse objects do not match the number of InferenceRequest "
-                             f"objects. InferenceRequest(s) size is:{expected}, and InferenceResponse(s) size "
-                             f"is:{len(result)}")
-        for item in result:
+            raise _ExecuteError("Number of InferenceResponse objects do not match the number of InferenceRequest "
+                                f"objects. InferenceRequest(s) size is:{expected}, and InferenceResponse(s) size "
+                                f"is:{len(result)}")
+        for request, item in zip(requests, result):
+            if item is None:
+                continue
             if not isinstance(item, InferenceResponse):
-                raise TypeError("Expected an 'InferenceResponse' object in the execute function return list, "
-                                f"found type '{type(item)}'.")
+                raise _ExecuteError("Expected an 'InferenceResponse' object in the execute function return list, "
+                                    f"found type '{type(item)}'.")
+            state = request._state
+            if state is not None and (state.sent or state.closed):
+                InferenceResponseSender(request, state)._count(item, 1)  # raises Triton's error
+            elif state is not None and claim:
+                state.closed, state.sent = True, 1
         return result
 
     def on_finalize(self, message: IPCMessage) -> None:
+        self.caller.allowed = False
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
         if self.model is not None and hasattr(self.model, "finalize"):
             self.model.finalize()
         message.reply(REPLY_OK, 0)

@@ -1,0 +1,279 @@
+"""The parent's side of BLS: a model's ``exec()`` served by the server it runs in.
+
+A stub's INFER_EXEC_REQUEST names a request record in the stub's own pool. It is read there
+(inputs are views, copied once into the target instance's pool), run like any other request
+on any loaded model (another instance of the caller included), and answered with a response
+record written into the caller's pool, so the caller's outputs are views too. A failed call is
+answered with an error response: the model sees it as ``response.error()``.
+
+Calls run on a thread pool of their own: the stub's calls thread only hands them over, so a
+slow target never holds up the responses the same stub streams meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from stubhost import _core
+from stubhost._core import Command, IPCMessage, Pool, RecordKind
+from stubhost.host.errors import InferenceError
+from stubhost.protocol import (
+    BLS_FIXED_STRINGS,
+    ERROR_CODE_NAMES,
+    REPLY_ERROR,
+    REPLY_OK,
+    RESPONSE_EMPTY,
+    RESPONSE_FINAL,
+    read_payload,
+    write_payload,
+)
+from stubhost.tensor import numpy_to_triton_dtype
+
+if TYPE_CHECKING:
+    from stubhost.host.result import InferResponse
+    from stubhost.host.server import Server
+    from stubhost.host.stub_process import StubProcess
+
+log = logging.getLogger("stubhost")
+
+_REQUEST = int(RecordKind.REQUEST)
+_RESPONSE = int(RecordKind.RESPONSE)
+_BYTES = int(_core.DataType.BYTES)
+MAX_BLS_THREADS = 64
+
+
+def _error_record(pool: Pool, error: InferenceError) -> int:
+    code = ERROR_CODE_NAMES.index(error.code) if error.code in ERROR_CODE_NAMES else 0
+    return _core.write_record(pool, _RESPONSE, 1 + code, (0, 0, RESPONSE_FINAL), (error.message, "{}"), ())
+
+
+def _dtype(array: np.ndarray) -> int:
+    return _BYTES if array.dtype.kind == "O" else int(numpy_to_triton_dtype(array.dtype))
+
+
+class BlsService:
+    """Serves the BLS calls of every stub of one server."""
+
+    def __init__(self, server: Server) -> None:
+        self._server = weakref.ref(server)  # the server owns this service, not the other way round
+        self._threads: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._cancels: dict[tuple[int, int], threading.Event] = {}  # (stub, call id) of running streams
+
+    def handler(self) -> Callable[[StubProcess, IPCMessage], None]:
+        """What stub processes call (from their calls thread) for each INFER_EXEC_REQUEST."""
+        return self.submit
+
+    def submit(self, process: StubProcess, message: IPCMessage) -> None:
+        """Hands one call over to the pool of BLS threads (a cancellation is noted at once)."""
+        command = message.command
+        if command == Command.CANCEL_REQUEST:
+            key = (id(process), message.request_id)
+            message.release()
+            cancel = self._cancels.get(key)
+            if cancel is not None:
+                cancel.set()
+            return
+        if self._threads is None:
+            with self._lock:
+                if self._threads is None:
+                    self._threads = ThreadPoolExecutor(max_workers=MAX_BLS_THREADS, thread_name_prefix="stubhost-bls")
+        if command == Command.INFER_STREAM_EXEC_REQUEST:
+            record, stream_id = message.args, message.request_id
+            message.release()
+            cancel = self._cancels[(id(process), stream_id)] = threading.Event()
+            try:
+                self._threads.submit(self.serve_stream, process, record, stream_id, cancel)
+            except RuntimeError:  # shut down: the server is closing
+                self._cancels.pop((id(process), stream_id), None)
+                process.pool.free(record)
+            return
+        if not message.inline_reply:  # a call nobody waits for is not one we know
+            message.release()
+            return
+        try:
+            if command == Command.MODEL_CONTROL_REQUEST:
+                self._threads.submit(self.serve_control, process, message)
+                return
+            self._threads.submit(self.serve, process, message)
+        except RuntimeError:
+            self._answer(process, message, InferenceError("UNAVAILABLE", "the server is closing"))
+
+    def serve_control(self, process: StubProcess, message: IPCMessage) -> None:
+        """``pb_utils.load_model`` / ``unload_model`` / ``is_model_ready``: answered with a JSON
+        payload ``{"result": ...}`` or ``{"error": text}``."""
+        pool = process.pool
+        try:
+            try:
+                payload = read_payload(pool, message.args)
+            except (_core.CoreError, ValueError) as e:
+                raise InferenceError("INVALID_ARG", f"malformed model control request: {e}") from None
+            server = self._server()
+            if server is None:
+                raise InferenceError("UNAVAILABLE", "the server is closed")
+            op, name = payload.get("op"), str(payload.get("name", ""))
+            result: Any = None
+            if op == "ready":
+                result = server.model_ready(name, str(payload.get("version", "")))
+            elif op in ("load", "unload"):
+                if not server.allow_model_control:
+                    raise InferenceError("UNAVAILABLE", "explicit model load / unload is not allowed if polling "
+                                                        "is enabled")
+                (server.load if op == "load" else server.unload)(name)
+            else:
+                raise InferenceError("INVALID_ARG", f"unknown model control operation {op!r}")
+            answer: dict[str, Any] = {"result": result}
+        except InferenceError as e:
+            answer = {"error": e.message}
+        except Exception as e:  # noqa: BLE001  (the caller must always get an answer)
+            answer = {"error": f"model control failed: {e}"}
+        try:
+            reply = write_payload(pool, answer)
+        except _core.CoreError:
+            self._reply(message, REPLY_ERROR, 0, pool)
+            return
+        self._reply(message, REPLY_OK, reply, pool)
+
+    def serve_stream(self, process: StubProcess, record: int, stream_id: int, cancel: threading.Event) -> None:
+        """Runs one decoupled call: each response is written into the caller's pool and sent to
+        its stub as a RESPONSE_SEND naming the call's id, the last one flagged final."""
+        pool = process.pool
+        responses: Generator[InferResponse, None, None] | None = None
+        try:
+            server, call = self._call(pool, record)
+            responses = server.stream_responses(**call)
+            for response in responses:
+                if record:
+                    pool.free(record)  # the request is in the target's pool by now
+                    record = 0
+                if cancel.is_set():
+                    responses.close()  # the target sees is_cancelled(); what it sends is dropped
+                    self._send(process, stream_id, lambda: _error_record(pool, InferenceError(
+                        "CANCELLED", "the request was cancelled")))
+                    return
+                if not self._send(process, stream_id, lambda: self._response_record(pool, response)):
+                    return  # the caller is gone
+                if response.final:
+                    return
+        except Exception as e:  # noqa: BLE001  (the caller must always get an end)
+            error = e if isinstance(e, InferenceError) else InferenceError("INTERNAL", str(e))
+            if not isinstance(e, InferenceError):
+                log.exception("decoupled BLS call from '%s' failed", process.instance_name)
+            self._send(process, stream_id, lambda: _error_record(pool, error))
+        finally:
+            if responses is not None:
+                responses.close()
+            if record:
+                pool.free(record)
+            self._cancels.pop((id(process), stream_id), None)
+
+    @staticmethod
+    def _send(process: StubProcess, stream_id: int, write: Callable[[], int]) -> bool:
+        """Writes one response record into the caller's pool and sends it; False when the
+        caller can no longer take it."""
+        try:
+            reply = write()
+        except _core.CoreError:
+            return False
+        if process.post(Command.RESPONSE_SEND, reply, stream_id):
+            return True
+        try:
+            _core.free_record_chain(process.pool, reply)
+        except _core.CoreError:
+            pass
+        return False
+
+    @staticmethod
+    def _response_record(pool: Pool, response: InferResponse) -> int:
+        flags = RESPONSE_FINAL if response.final else 0
+        if response.error is not None:
+            error = response.error
+            code = ERROR_CODE_NAMES.index(error.code) if error.code in ERROR_CODE_NAMES else 0
+            return _core.write_record(pool, _RESPONSE, 1 + code, (0, 0, flags), (error.message, "{}"), ())
+        if response.empty:
+            return _core.write_record(pool, _RESPONSE, 0, (0, 0, flags | RESPONSE_EMPTY), ("", "{}"), ())
+        outputs = [(name, array, _dtype(array)) for name, array in response.outputs.items()]
+        return _core.write_record(pool, _RESPONSE, 0, (0, 0, flags), ("", json.dumps(response.parameters)), outputs)
+
+    def serve(self, process: StubProcess, message: IPCMessage) -> None:
+        """Runs one call and answers it."""
+        pool = process.pool
+        try:
+            reply = self._run(pool, message.args)
+        except InferenceError as e:
+            self._answer(process, message, e)
+            return
+        except Exception as e:  # noqa: BLE001  (the caller must always get an answer)
+            log.exception("BLS call from '%s' failed", process.instance_name)
+            self._answer(process, message, InferenceError("INTERNAL", f"BLS request failed: {e}"))
+            return
+        self._reply(message, REPLY_OK, reply, pool)
+
+    def _answer(self, process: StubProcess, message: IPCMessage, error: InferenceError) -> None:
+        try:
+            reply = _error_record(process.pool, error)
+        except _core.CoreError:
+            self._reply(message, REPLY_ERROR, 0, process.pool)  # no room even for the reason
+            return
+        self._reply(message, REPLY_OK, reply, process.pool)
+
+    @staticmethod
+    def _reply(message: IPCMessage, status: int, reply: int, pool: Pool) -> None:
+        try:
+            message.reply(status, reply)
+        except _core.CoreError:  # answered already (cannot happen but for a hostile stub)
+            if reply:
+                _core.free_record_chain(pool, reply)
+        finally:
+            message.release()
+
+    def _call(self, pool: Pool, record: int) -> tuple[Server, dict[str, Any]]:
+        """The server and the keyword arguments of the call a BLS request record describes
+        (inputs are views of the record, which must outlive the call's start)."""
+        try:
+            kind, _, ints, _, strings, tensors = _core.read_record(pool, record)
+        except _core.CoreError as e:
+            raise InferenceError("INVALID_ARG", f"malformed BLS request: {e}") from None
+        if kind != _REQUEST or len(strings) < BLS_FIXED_STRINGS:
+            raise InferenceError("INVALID_ARG", "malformed BLS request: not a BLS request record")
+        request_id, parameters, corr_text, model_name, version = strings[:BLS_FIXED_STRINGS]
+        try:
+            params: Any = json.loads(parameters) if parameters else {}
+        except ValueError:
+            params = None
+        if not isinstance(params, dict):
+            raise InferenceError("INVALID_ARG", "BLS request parameters must be a JSON object")
+        server = self._server()
+        if server is None:
+            raise InferenceError("UNAVAILABLE", "the server is closed")
+        timeout_us = ints[2]
+        return server, {"name": model_name, "inputs": {name: array for name, _, array in tensors},
+                        "outputs": list(strings[BLS_FIXED_STRINGS:]) or None, "model_version": version,
+                        "parameters": params, "request_id": request_id, "correlation_id": corr_text or ints[1],
+                        "flags": ints[0], "timeout": timeout_us / 1e6 if timeout_us else None}
+
+    def _run(self, pool: Pool, record: int) -> int:
+        """Reads the request record (then frees it), runs it, writes the response record."""
+        try:
+            server, call = self._call(pool, record)
+            response = server.infer_response(**call)
+        finally:
+            pool.free(record)  # the inputs were copied into the target's pool (or never read)
+        try:
+            return self._response_record(pool, response)
+        except (_core.PoolFullError, _core.ShmError, _core.ShmSpaceError):
+            raise InferenceError("UNAVAILABLE", f"no room for the response of model '{call['name']}' in the "
+                                                "caller's shared memory") from None
+
+    def close(self) -> None:
+        """Stops taking calls (those running finish)."""
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)

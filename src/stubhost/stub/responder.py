@@ -1,0 +1,137 @@
+"""The stub's side of response senders: responses written into the pool and queued for the parent.
+
+Each ``sender.send()`` becomes one RESPONSE_SEND message on ``stub_to_parent_mq`` naming the
+request's record; nobody waits for it, so a model streams at the queue's pace. The parent's
+cancellations arrive on ``parent_to_stub_mq`` and are read by a thread of their own, so
+``is_cancelled()`` is a set lookup, not a round trip.
+
+A request that is dropped without its final flag (its sender and the request object both
+garbage) is closed here with a flags-only final response, so its caller is not left waiting.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+
+from stubhost import _core
+from stubhost._core import Command, IPCMessage, MessageQueue, Pool
+from stubhost.backend_utils.errors import TritonError
+from stubhost.backend_utils.logger import Logger
+from stubhost.backend_utils.request import InferenceRequest
+from stubhost.backend_utils.response import InferenceResponse
+from stubhost.backend_utils.response_sender import InferenceResponseSender
+from stubhost.protocol import RESPONSE_FINAL
+from stubhost.stub import codec
+
+
+PUSH_RETRY_S = 1.0  # a full queue is retried while the parent lives (the parent drains it)
+
+
+class StubResponder:
+    """Delivers response senders' responses to the parent; tracks requests not yet closed."""
+
+    def __init__(self, pool: Pool, calls: MessageQueue, parent_alive: Callable[[], bool],
+                 targets: dict[int, memoryview]) -> None:
+        self.pool = pool
+        self.calls = calls
+        self.parent_alive = parent_alive
+        self.targets = targets  # client regions by id, for outputs placed there
+        self.decoupled = False
+        self.open: dict[int, int] = {}  # record handle -> execute start (ns) of requests not closed yet
+        self.cancelled: set[int] = set()
+        self._lock = threading.Lock()
+
+    # ---- the transport pb_utils senders use --------------------------------------------------------
+    def send(self, request: InferenceRequest, response: InferenceResponse | None, flags: int) -> None:
+        """Writes one response (or just the flags) and queues it for the parent."""
+        handle = request._state.handle  # type: ignore[union-attr]
+        final = flags & RESPONSE_FINAL
+        with self._lock:
+            start = self.open.pop(handle, 0) if final else self.open.get(handle, 0)
+            if final:
+                self.cancelled.discard(handle)
+        times = (start or time.monotonic_ns(), time.monotonic_ns(), final)
+        if response is None:
+            record = codec.write_flags(self.pool, times)
+        else:
+            record = codec.write_response(self.pool, request, response, 0, times, self.targets)
+        self.post(handle, record)
+
+    def is_cancelled(self, request: InferenceRequest) -> bool:
+        """True once the parent said the request's caller cancelled it."""
+        return request._state is not None and request._state.handle in self.cancelled
+
+    def released(self, handle: int) -> None:
+        """The request and its sender are garbage: close it if the model never did."""
+        with self._lock:
+            start = self.open.pop(handle, None)
+            self.cancelled.discard(handle)
+        if start is None:
+            return
+        Logger.log_warn("a request was released without its final response; it is closed now")
+        try:
+            self.post(handle, codec.write_flags(self.pool, (start, time.monotonic_ns(), RESPONSE_FINAL)))
+        except _core.CoreError as e:  # runs from a finalizer: it must not raise
+            Logger.log_error(f"could not close a released request: {e}")
+
+    # ---- bookkeeping -------------------------------------------------------------------------------
+    def watch(self, request: InferenceRequest, start: int) -> None:
+        """Tracks a request until its final response, or until it is garbage."""
+        state = request._state
+        if state is None:
+            return
+        with state.lock:
+            if state.closed:
+                return
+            with self._lock:
+                self.open[state.handle] = start
+        weakref.finalize(state, self.released, state.handle)
+
+    def cancel(self, handle: int) -> None:
+        """The parent's CANCEL_REQUEST: the request's ``is_cancelled()`` turns true."""
+        with self._lock:
+            if handle in self.open:
+                self.cancelled.add(handle)
+
+    def close_with_error(self, requests: Sequence[InferenceRequest], message: str,
+                         code: int = TritonError.INTERNAL) -> None:
+        """Ends every request not closed yet: an error response (or, when the one response a
+        default-mode request may have was sent, just the final flag), as Triton does when
+        ``execute`` fails."""
+        for request in requests:
+            state = request._state
+            if state is None:
+                continue
+            with state.lock:
+                if state.closed:
+                    continue
+                sent, state.closed = state.sent, True
+                state.sent += 1
+            response = None if sent and not self.decoupled else InferenceResponse(error=TritonError(message, code))
+            try:
+                self.send(request, response, RESPONSE_FINAL)
+            except _core.CoreError as e:
+                Logger.log_error(f"could not send the error of request '{request.request_id()}': {e}")
+
+    def deliver(self, requests: Sequence[InferenceRequest], responses: Sequence[InferenceResponse | None]) -> None:
+        """Sends what a default-mode async ``execute`` returned, each as the request's final."""
+        for request, response in zip(requests, responses):
+            if response is not None:
+                InferenceResponseSender(request, request._state).send(response, RESPONSE_FINAL)  # type: ignore[arg-type]
+
+    # ---- the queue ---------------------------------------------------------------------------------
+    def post(self, request_handle: int, record: int) -> None:
+        """Queues a RESPONSE_SEND message; waits for room while the parent lives."""
+        try:
+            message = IPCMessage.create(self.pool, Command.RESPONSE_SEND, args=record, request_id=request_handle)
+        except BaseException:
+            _core.free_record_chain(self.pool, record)
+            raise
+        while not self.calls.push(message.handle, timeout=PUSH_RETRY_S):
+            if not self.parent_alive():
+                message.release()
+                _core.free_record_chain(self.pool, record)
+                return
