@@ -36,6 +36,7 @@ from stubhost.backend_utils.helpers import (
     using_decoupled_model_transaction_policy,
 )
 from stubhost.backend_utils.logger import Logger, LogLevel
+from stubhost.backend_utils.metrics import Metric, MetricFamily
 from stubhost.backend_utils.model_config import ModelConfig
 from stubhost.backend_utils.request import InferenceRequest
 from stubhost.backend_utils.response import InferenceResponse
@@ -54,6 +55,8 @@ __all__ = [
     "InferenceResponseSender",
     "LogLevel",
     "Logger",
+    "Metric",
+    "MetricFamily",
     "ModelConfig",
     "Tensor",
     "TritonError",

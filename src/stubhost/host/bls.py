@@ -75,6 +75,9 @@ class BlsService:
     def submit(self, process: StubProcess, message: IPCMessage) -> None:
         """Hands one call over to the pool of BLS threads (a cancellation is noted at once)."""
         command = message.command
+        if command == Command.METRIC_REQUEST:  # cheap, and applied in the order the stub sent them
+            self.serve_metric(process, message)
+            return
         if command == Command.CANCEL_REQUEST:
             key = (id(process), message.request_id)
             message.release()
@@ -106,6 +109,30 @@ class BlsService:
             self._threads.submit(self.serve, process, message)
         except RuntimeError:
             self._answer(process, message, InferenceError("UNAVAILABLE", "the server is closing"))
+
+    def serve_metric(self, process: StubProcess, message: IPCMessage) -> None:
+        """A custom-metric update (one-way) or value query (answered with ``{"result": v}``)."""
+        pool = process.pool
+        answer: dict[str, Any]
+        try:
+            update = read_payload(pool, message.args)
+            server = self._server()
+            if server is None or not isinstance(update, dict):
+                raise ValueError("the server is closed" if server is None else "malformed metric update")
+            answer = {"result": server.custom_metrics.apply(update)}
+        except (ValueError, KeyError, TypeError, _core.CoreError) as e:
+            if not message.inline_reply:
+                log.warning("instance '%s': custom metric update failed: %s", process.instance_name, e)
+            answer = {"error": f"metric request failed: {e}"}
+        if not message.inline_reply:
+            message.release()
+            return
+        try:
+            reply = write_payload(pool, answer)
+        except _core.CoreError:
+            self._reply(message, REPLY_ERROR, 0, pool)
+            return
+        self._reply(message, REPLY_OK, reply, pool)
 
     def serve_control(self, process: StubProcess, message: IPCMessage) -> None:
         """``pb_utils.load_model`` / ``unload_model`` / ``is_model_ready``: answered with a JSON

@@ -33,6 +33,7 @@ import numpy as np
 from stubhost._core import CoreError
 from stubhost.config.dtypes import config_dtype_to_triton
 from stubhost.host.bls import BlsService
+from stubhost.host.custom_metrics import CustomMetrics
 from stubhost.host.errors import InferenceError
 from stubhost.host.instance import RestartPolicy
 from stubhost.host.model import LoadedModel, LoadOptions
@@ -64,6 +65,7 @@ class Server:
         self._options = LoadOptions(python=python_executable, env=dict(env) if env is not None else None,
                                     auto_complete=auto_complete_config, init_timeout_s=init_timeout,
                                     finalize_timeout_s=finalize_timeout, restart=policy)
+        self.custom_metrics = CustomMetrics()  # what models declare with pb_utils.MetricFamily
         self._bls = BlsService(self)
         self._options.on_call = self._bls.handler()
         # Whether models may load and unload models (pb_utils.load_model): `stubhost serve` turns

@@ -36,7 +36,7 @@ _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging
 
 # What the stub asks of the server (BLS): served by `on_call`.
 _CALLS = (Command.INFER_EXEC_REQUEST, Command.INFER_STREAM_EXEC_REQUEST, Command.CANCEL_REQUEST,
-          Command.MODEL_CONTROL_REQUEST)
+          Command.MODEL_CONTROL_REQUEST, Command.METRIC_REQUEST)
 
 
 class StubCallError(Exception):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stubhost.host.custom_metrics import escape_label
 from stubhost.host.server import Server
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
@@ -43,10 +44,6 @@ def _dig(entry: dict[str, Any], path: tuple[str, ...]) -> Any:
     return entry
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 def render_metrics(server: Server) -> bytes:
     """The Prometheus text exposition (format 0.0.4) of the models' counters.
 
@@ -63,8 +60,9 @@ def render_metrics(server: Server) -> bytes:
         lines.append(f"# TYPE {name} counter")
         for entry in stats:
             value = _dig(entry, path)
-            lines.append(f'{name}{{model="{_label(entry["name"])}",version="{_label(entry["version"])}"}} '
+            lines.append(f'{name}{{model="{escape_label(entry["name"])}",version="{escape_label(entry["version"])}"}} '
                          f"{value / scale if scale != 1 else value}")
+    lines += server.custom_metrics.render()  # the models' own (pb_utils.MetricFamily)
     return ("\n".join(lines) + "\n").encode()
 
 

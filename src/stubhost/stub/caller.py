@@ -142,23 +142,38 @@ class StubCaller:
                 return False
         return True
 
+    # ---- custom metrics ----------------------------------------------------------------------------
+    def metric(self, payload: dict[str, object]) -> None:
+        """Sends one metric update; nobody waits for it."""
+        args = write_payload(self.pool, payload)
+        if not self._post(Command.METRIC_REQUEST, args, 0):
+            self.pool.free(args)
+
+    def metric_value(self, payload: dict[str, object]) -> float:
+        """A metric's value, as the server holds it."""
+        return float(self._ask(Command.METRIC_REQUEST, payload))  # type: ignore[arg-type]
+
     # ---- model control ---------------------------------------------------------------------------
     def control(self, payload: dict[str, object]) -> object:
         """Runs a model-control call (load, unload, ready) in the parent; returns its result,
         raises TritonModelException with the parent's text when it failed."""
         if not self.allowed:
             raise TritonModelException("model control is only supported during the 'execute' function.")
+        return self._ask(Command.MODEL_CONTROL_REQUEST, payload)
+
+    def _ask(self, command: Command, payload: dict[str, object]) -> object:
+        """An inline-reply call with a JSON payload, answered ``{"result"}`` or ``{"error"}``."""
         args = write_payload(self.pool, payload)
-        message = IPCMessage.create(self.pool, Command.MODEL_CONTROL_REQUEST, args=args, inline_reply=True)
+        message = IPCMessage.create(self.pool, command, args=args, inline_reply=True)
         pushed = False
         try:
             while not self.calls.push(message.handle, timeout=WAIT_SLICE_S):
                 if not self.parent_alive():
-                    raise TritonModelException("model control failed: the server is gone")
+                    raise TritonModelException(f"{command.name} failed: the server is gone")
             pushed = True
             while not message.wait_reply(WAIT_SLICE_S):
                 if not self.parent_alive():
-                    raise TritonModelException("model control failed: the server is gone")
+                    raise TritonModelException(f"{command.name} failed: the server is gone")
             status, reply = message.reply_status, message.reply_args
         finally:
             message.release()
@@ -168,7 +183,7 @@ class StubCaller:
         answer = read_payload(self.pool, reply) if reply else {}
         if status != REPLY_OK or not isinstance(answer, dict) or "error" in answer:
             text = answer.get("error") if isinstance(answer, dict) else None
-            raise TritonModelException(str(text or "model control failed"))
+            raise TritonModelException(str(text or f"{command.name} failed"))
         return answer.get("result")
 
     def _check(self, request: InferenceRequest) -> None:

@@ -24,7 +24,7 @@ import _posixshmem  # CPython's shm_open binding (what multiprocessing.shared_me
 
 from stubhost import _core
 from stubhost._core import Command, IPCControl, IPCMessage, MessageQueue, Pool
-from stubhost.backend_utils import bls
+from stubhost.backend_utils import bls, metrics
 from stubhost.backend_utils import helpers as pb_helpers
 from stubhost.backend_utils.errors import TritonError
 from stubhost.backend_utils.logger import Logger, LogLevel, set_log_sink
@@ -116,6 +116,7 @@ class StubRuntime:
         answers.start()
         set_transport(self.responder)
         bls.set_caller(self.caller)
+        metrics.set_sink(self.caller)
         try:
             return self.serve()
         finally:
