@@ -181,6 +181,13 @@ class TritonPythonModel:
             return None
         return out(count)
 
+    def mode_raise_with_late_sender(self, request, count):
+        def run():
+            time.sleep(0.2)
+            attempt(lambda: request.get_response_sender().send(out(-1), flags=FINAL))
+        self.later(run)
+        raise ValueError("failed after handing the request to a thread")
+
     def mode_nothing(self, request, count):
         return None
 
@@ -567,3 +574,29 @@ def test_a_thousand_streams_leave_the_pool_as_it_was(tmp_path: Path) -> None:
         del got
         assert wait_until(lambda: not instance(server, "repeat").process.streams and pool.allocations == baseline,
                           10.0), (pool.allocations, baseline)
+
+
+def test_a_failed_request_cannot_be_answered_later_by_its_sender(server: stubhost.Server) -> None:
+    # The error in the Execute reply answers the request: a thread that still holds it must not
+    # send an answer that the parent would route to a later request reusing the same record.
+    with pytest.raises(InferenceError, match="failed after handing the request to a thread"):
+        server.infer("modes_default", {"IN": np.array([0], np.int32)}, parameters={"mode": "raise_with_late_sender"})
+    begin = time.monotonic()
+    while time.monotonic() - begin < 0.5:
+        n = int(time.monotonic() * 1000) % 1000
+        result = server.infer("modes_default", {"IN": np.array([n], np.int32)}, parameters={"mode": "sender_one"})
+        assert int(result["OUT"][0]) == n
+    assert notes(server, "modes_default") == ["Unable to send response. Response sender has been closed."]
+    assert not instance(server, "modes_default").process.streams
+
+
+def test_timeout_bounds_the_whole_async_stream(server: stubhost.Server) -> None:
+    async def consume() -> None:
+        async for _ in server.stream_async("repeat", {"IN": np.arange(50, dtype=np.int32),
+                                                      "DELAY_MS": np.array([20], np.uint32)}, timeout=0.2):
+            pass
+
+    begin = time.monotonic()
+    with pytest.raises(InferenceError) as e:
+        asyncio.run(consume())
+    assert e.value.code == "UNAVAILABLE" and time.monotonic() - begin < 0.8

@@ -416,12 +416,14 @@ class LoadedModel:
         except InferenceError:
             self.stats.record_failure(version, begin, time.monotonic_ns())
             raise
+        deadline = None if timeout is None else time.monotonic() + timeout
         first = last = None
         failed = False
         try:
             while True:
                 try:
-                    item = await asyncio.wait_for(stream.next_async(), timeout)
+                    item = await asyncio.wait_for(stream.next_async(), None if deadline is None else
+                                                  max(deadline - time.monotonic(), 0.0))
                 except asyncio.TimeoutError:
                     failed = True
                     raise InferenceError("UNAVAILABLE", f"Request timeout expired: model '{self.name}' did not "

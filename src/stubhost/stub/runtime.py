@@ -302,7 +302,18 @@ class StubRuntime:
         the error is then only logged) and are closed if still open."""
         text = self.failure_text(e)
         times = (start, time.monotonic_ns(), 0)
-        answered = {id(r) for r in requests if r._state is not None and r._state.sent}
+        answered = set()
+        for request in requests:
+            state = request._state
+            if state is None:
+                continue
+            with state.lock:
+                if state.sent:
+                    answered.add(id(request))
+                else:
+                    # Answered by this reply's error: its sender is closed, so a thread the model
+                    # handed the request to cannot answer a record the parent frees and reuses.
+                    state.closed = True
         if not answered:
             return codec.write_errors(self.pool, len(requests), text, times=times)
         Logger.log_error(text)
@@ -380,10 +391,13 @@ class StubRuntime:
                 raise _ExecuteError("Expected an 'InferenceResponse' object in the execute function return list, "
                                     f"found type '{type(item)}'.")
             state = request._state
-            if state is not None and (state.sent or state.closed):
-                InferenceResponseSender(request, state)._count(item, 1)  # raises Triton's error
-            elif state is not None and claim:
-                state.closed, state.sent = True, 1
+            if state is None:
+                continue
+            if claim:
+                # The sender's rules, under its lock: raises Triton's error if it was used.
+                InferenceResponseSender(request, state)._count(item, 1)
+            elif state.sent or state.closed:
+                InferenceResponseSender(request, state)._count(item, 1)
         return result
 
     def on_finalize(self, message: IPCMessage) -> None:
