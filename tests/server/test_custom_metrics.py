@@ -102,8 +102,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
 
 
 def _scrape(server: ServeProcess) -> str:
-    port = re.search(r"Started Metrics Service at \S+:(\d+)", server.log)
-    assert port, server.log
+    pattern = r"Started Metrics Service at \S+:(\d+)"
+    assert wait_until(lambda: re.search(pattern, server.log), 10.0), server.log
+    port = re.search(pattern, server.log)
+    assert port is not None
     with urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/metrics") as response:
         return response.read().decode()
 

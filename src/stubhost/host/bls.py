@@ -127,6 +127,10 @@ class BlsService:
         if not message.inline_reply:
             message.release()
             return
+        self._reply_payload(message, answer, pool)
+
+    def _reply_payload(self, message: IPCMessage, answer: dict[str, Any], pool: Pool) -> None:
+        """Answers with a JSON payload (REPLY_ERROR with none when the pool has no room)."""
         try:
             reply = write_payload(pool, answer)
         except _core.CoreError:
@@ -162,12 +166,7 @@ class BlsService:
             answer = {"error": e.message}
         except Exception as e:  # noqa: BLE001  (the caller must always get an answer)
             answer = {"error": f"model control failed: {e}"}
-        try:
-            reply = write_payload(pool, answer)
-        except _core.CoreError:
-            self._reply(message, REPLY_ERROR, 0, pool)
-            return
-        self._reply(message, REPLY_OK, reply, pool)
+        self._reply_payload(message, answer, pool)
 
     def serve_stream(self, process: StubProcess, record: int, stream_id: int, cancel: threading.Event) -> None:
         """Runs one decoupled call: each response is written into the caller's pool and sent to

@@ -65,13 +65,25 @@ def _request_timeout(instance: str, timeout: float | None) -> InferenceError:
 class _SenderAnswer:
     """Gathers the one response a default-mode model sends through its response sender."""
 
-    __slots__ = ("instance", "sent", "item", "error")
+    __slots__ = ("instance", "sent", "item", "error", "timeout", "deadline")
 
-    def __init__(self, instance: str, sent: int) -> None:
+    def __init__(self, instance: str, sent: int, timeout: float | None, deadline: float | None) -> None:
         self.instance = instance
         self.sent = sent
         self.item: StreamItem | None = None
         self.error: InferenceError | None = None
+        self.timeout = timeout
+        self.deadline = deadline  # time.monotonic() by which the answer must be in (None: no limit)
+
+    def remaining(self) -> float | None:
+        """Seconds left until the deadline."""
+        return None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+
+    def take(self, item: StreamItem | None) -> ExecuteResult | None:
+        """Takes the next item (None: the time ran out); the answer once the final one is in."""
+        if item is None:
+            raise _request_timeout(self.instance, self.timeout)
+        return self.result() if self.add(item) else None
 
     def add(self, item: StreamItem) -> bool:
         """Takes one item; True once the final one is in."""
@@ -113,9 +125,9 @@ class RequestStream:
         """The next response (None when `timeout` ran out)."""
         return self.stream.next(timeout)
 
-    async def next_async(self) -> StreamItem:
-        """The next response, for a coroutine."""
-        return await self.stream.next_async()
+    async def next_async(self, timeout: float | None = None) -> StreamItem | None:
+        """The next response, for a coroutine (None when `timeout` ran out)."""
+        return await self.stream.next_async(timeout)
 
     def close(self) -> None:
         """Done with the stream; a request still open is cancelled."""
@@ -374,15 +386,11 @@ class ModelInstance:
         outcome = self._finish(process, message, record, sent)
         if not isinstance(outcome, ResponseStream):
             return outcome
-        answer = _SenderAnswer(self.name, sent)
+        answer = _SenderAnswer(self.name, sent, timeout, deadline)
         try:
-            while True:
-                remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-                item = outcome.next(remaining)
-                if item is None:
-                    raise _request_timeout(self.name, timeout)
-                if answer.add(item):
-                    return answer.result()
+            while (result := answer.take(outcome.next(answer.remaining()))) is None:
+                pass
+            return result
         finally:
             self._leave(process, record, outcome)
 
@@ -406,6 +414,7 @@ class ModelInstance:
         message, record = self._send(process, tensors, outputs, request_id, parameters, correlation_id, flags,
                                      timeout, on_reply, timeout_us)
         sent = time.monotonic_ns()
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             await asyncio.wait_for(done, timeout)
         except asyncio.TimeoutError:
@@ -416,15 +425,11 @@ class ModelInstance:
         outcome = self._finish(process, message, record, sent)
         if not isinstance(outcome, ResponseStream):
             return outcome
-        answer = _SenderAnswer(self.name, sent)
+        answer = _SenderAnswer(self.name, sent, timeout, deadline)
         try:
-            while True:
-                try:
-                    item = await asyncio.wait_for(outcome.next_async(), timeout)
-                except asyncio.TimeoutError:
-                    raise _request_timeout(self.name, timeout) from None
-                if answer.add(item):
-                    return answer.result()
+            while (result := answer.take(await outcome.next_async(answer.remaining()))) is None:
+                pass
+            return result
         finally:
             self._leave(process, record, outcome)
 

@@ -112,6 +112,48 @@ def _auto_complete(process: StubProcess, cfg: ModelConfig, file: Path, model_dir
     return config_from_dict(reply["config"], source)
 
 
+class _StreamTally:
+    """What a consumer of a streamed request has seen: turns items into responses, enforces the
+    whole-stream timeout, and records the request's statistics when it ends."""
+
+    def __init__(self, model: LoadedModel, version: int, tensors: list[tuple[str, Any, int]], begin: int,
+                 request_id: str, timeout: float | None) -> None:
+        self.model = model
+        self.version = version
+        self.tensors = tensors
+        self.begin = begin
+        self.request_id = request_id
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.first: StreamItem | None = None
+        self.last: StreamItem | None = None
+        self.failed = False
+        self.done = False
+
+    def remaining(self) -> float | None:
+        """Seconds left of the stream's timeout."""
+        return None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+
+    def take(self, item: StreamItem | None) -> InferResponse:
+        """The response an item carries (None: the timeout ran out, which raises)."""
+        if item is None:
+            self.failed = True
+            raise InferenceError("UNAVAILABLE", f"Request timeout expired: model '{self.model.name}' did not "
+                                                f"complete the request within {self.timeout} s")
+        self.first, self.last = self.first or item, item
+        self.failed = self.failed or item.error is not None
+        self.done = item.final
+        return self.model._stream_response(self.version, item, self.request_id)
+
+    def close(self, stream: RequestStream) -> None:
+        """The consumer is done (a request still open is cancelled); statistics are recorded
+        for a request that ended or failed."""
+        stream.close()
+        if self.failed or (self.last is not None and self.last.final):
+            self.model._record_stream(self.version, self.tensors, self.begin, stream.sent, self.first, self.last,
+                                      self.failed)
+
+
 class LoadedModel:
     """A model with all its versions' instances running."""
 
@@ -375,25 +417,12 @@ class LoadedModel:
         except InferenceError:
             self.stats.record_failure(version, begin, time.monotonic_ns())
             raise
-        deadline = None if timeout is None else time.monotonic() + timeout
-        first = last = None
-        failed = False
+        tally = _StreamTally(self, version, tensors, begin, request_id, timeout)
         try:
-            while True:
-                item = stream.next(None if deadline is None else max(deadline - time.monotonic(), 0.0))
-                if item is None:
-                    failed = True
-                    raise InferenceError("UNAVAILABLE", f"Request timeout expired: model '{self.name}' did not "
-                                                        f"complete the request within {timeout} s")
-                first, last = first or item, item
-                failed = failed or item.error is not None
-                yield self._stream_response(version, item, request_id)
-                if item.final:
-                    return
+            while not tally.done:
+                yield tally.take(stream.next(tally.remaining()))
         finally:
-            stream.close()
-            if failed or (last is not None and last.final):
-                self._record_stream(version, tensors, begin, stream.sent, first, last, failed)
+            tally.close(stream)
 
     async def stream_async(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
                            model_version: str | int, parameters: str, request_id: str, timeout: float | None,
@@ -416,27 +445,12 @@ class LoadedModel:
         except InferenceError:
             self.stats.record_failure(version, begin, time.monotonic_ns())
             raise
-        deadline = None if timeout is None else time.monotonic() + timeout
-        first = last = None
-        failed = False
+        tally = _StreamTally(self, version, tensors, begin, request_id, timeout)
         try:
-            while True:
-                try:
-                    item = await asyncio.wait_for(stream.next_async(), None if deadline is None else
-                                                  max(deadline - time.monotonic(), 0.0))
-                except asyncio.TimeoutError:
-                    failed = True
-                    raise InferenceError("UNAVAILABLE", f"Request timeout expired: model '{self.name}' did not "
-                                                        f"complete the request within {timeout} s") from None
-                first, last = first or item, item
-                failed = failed or item.error is not None
-                yield self._stream_response(version, item, request_id)
-                if item.final:
-                    return
+            while not tally.done:
+                yield tally.take(await stream.next_async(tally.remaining()))
         finally:
-            stream.close()
-            if failed or (last is not None and last.final):
-                self._record_stream(version, tensors, begin, stream.sent, first, last, failed)
+            tally.close(stream)
 
     def statistics(self, version: str | int = "") -> list[dict[str, Any]]:
         """Triton's ``model_stats`` entries: one per loaded version, or the one asked for."""

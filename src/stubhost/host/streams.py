@@ -173,8 +173,14 @@ class ResponseStream:
                 with self._lock:
                     return self._items.popleft() if self._items else None
 
-    async def next_async(self) -> StreamItem:
-        """The next item, for a coroutine (bound to the first caller's event loop)."""
+    async def next_async(self, timeout: float | None = None) -> StreamItem | None:
+        """``next`` for a coroutine (bound to the first caller's event loop)."""
+        try:
+            return await asyncio.wait_for(self._next_async(), timeout)
+        except asyncio.TimeoutError:
+            return None
+
+    async def _next_async(self) -> StreamItem:
         if self._aevent is None:
             self._aevent = asyncio.Event()
             self._loop = asyncio.get_running_loop()
