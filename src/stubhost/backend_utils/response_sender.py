@@ -71,13 +71,43 @@ class SenderState:
     request a model dropped without the final flag does not leave its caller waiting forever.
     """
 
-    __slots__ = ("lock", "closed", "sent", "handle", "__weakref__")
+    __slots__ = ("lock", "closed", "sent", "claimed", "handle", "__weakref__")
 
     def __init__(self, handle: int) -> None:
         self.lock = threading.Lock()
         self.closed = False
-        self.sent = 0
+        self.sent = 0          # responses counted: sent through the sender, or claimed
+        self.claimed = False   # its one response is the one execute returned (sent with the reply)
         self.handle = handle
+
+    def count(self, response: InferenceResponse | None, flags: int, decoupled: bool) -> None:
+        """Counts one response under Triton's rules (and wording); raises when it may not go."""
+        with self.lock:
+            if not decoupled:
+                if response is not None and self.sent > 0:
+                    raise TritonModelException("Unable to send response. Non-decoupled model cannot send more "
+                                               "than one response.")
+                if response is None and flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL and self.sent == 0:
+                    raise TritonModelException("Unable to send response. Non-decoupled model cannot send complete "
+                                               "final before sending a response.")
+            if self.closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            if flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                self.closed = True
+            self.sent += 1
+
+    def claim(self, response: InferenceResponse) -> None:
+        """Counts the response a default-mode ``execute`` returned as the request's final one."""
+        self.count(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, False)
+        self.claimed = True
+
+    def close(self) -> int | None:
+        """Closes the sender; how many responses went through it (None: it was closed already)."""
+        with self.lock:
+            if self.closed:
+                return None
+            self.closed = True
+            return self.sent - self.claimed
 
 
 class InferenceResponseSender:
@@ -98,25 +128,8 @@ class InferenceResponseSender:
                                        "to zero.")
         if response is not None and not isinstance(response, InferenceResponse):
             raise TypeError(f"response must be a pb_utils.InferenceResponse, got {type(response).__name__}")
-        self._count(response, flags)
+        self._state.count(response, flags, _transport.decoupled)
         _transport.send(self._request, response, flags)
-
-    def _count(self, response: InferenceResponse | None, flags: int) -> None:
-        """Checks the sender's state and counts one response (Triton's rules and wording)."""
-        state = self._state
-        with state.lock:
-            if not _transport.decoupled:
-                if response is not None and state.sent > 0:
-                    raise TritonModelException("Unable to send response. Non-decoupled model cannot send more "
-                                               "than one response.")
-                if response is None and flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL and state.sent == 0:
-                    raise TritonModelException("Unable to send response. Non-decoupled model cannot send complete "
-                                               "final before sending a response.")
-            if state.closed:
-                raise TritonModelException("Unable to send response. Response sender has been closed.")
-            if flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL:
-                state.closed = True
-            state.sent += 1
 
     def is_cancelled(self) -> bool:
         """True once the caller has cancelled the request."""

@@ -368,15 +368,6 @@ class LoadedModel:
         return InferenceError("UNSUPPORTED", f"model '{self.name}' uses the decoupled transaction policy: its "
                                              "responses can only be streamed")
 
-    def _open_stream(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
-                     version: int, parameters: str, request_id: str, correlation_id: int | str, flags: int,
-                     timeout_us: int | None, process: StubProcess | None = None,
-                     instance: ModelInstance | None = None) -> tuple[RequestStream, list[tuple[str, Any, int]]]:
-        chosen, tensors, requested = self._route(inputs, outputs, version, request_id)
-        instance = instance or chosen
-        return instance.open_stream(tensors, requested, request_id, parameters, correlation_id, flags, timeout_us,
-                                    process), tensors
-
     def _stream_response(self, version: int, item: StreamItem, request_id: str) -> InferResponse:
         """One streamed response for the caller (an error becomes the response's ``error``)."""
         if item.error is not None:
@@ -412,8 +403,9 @@ class LoadedModel:
         begin = time.monotonic_ns()
         version = self.resolve_version(model_version)
         try:
-            stream, tensors = self._open_stream(inputs, outputs, version, parameters, request_id, correlation_id,
-                                                flags, timeout_us)
+            instance, tensors, requested = self._route(inputs, outputs, version, request_id)
+            stream = instance.open_stream(tensors, requested, request_id, parameters, correlation_id, flags,
+                                          timeout_us)
         except InferenceError:
             self.stats.record_failure(version, begin, time.monotonic_ns())
             raise
@@ -436,12 +428,12 @@ class LoadedModel:
         begin = time.monotonic_ns()
         version = self.resolve_version(model_version)
         try:
-            chosen, _, _ = self._route(inputs, outputs, version, request_id)
-            process = chosen.process
-            if chosen.state is not InstanceState.READY:
-                process = await asyncio.get_running_loop().run_in_executor(None, chosen._wait_ready, timeout)
-            stream, tensors = self._open_stream(inputs, outputs, version, parameters, request_id, correlation_id,
-                                                flags, timeout_us, process, chosen)
+            instance, tensors, requested = self._route(inputs, outputs, version, request_id)
+            process = instance.process
+            if instance.state is not InstanceState.READY:
+                process = await asyncio.get_running_loop().run_in_executor(None, instance._wait_ready, timeout)
+            stream = instance.open_stream(tensors, requested, request_id, parameters, correlation_id, flags,
+                                          timeout_us, process)
         except InferenceError:
             self.stats.record_failure(version, begin, time.monotonic_ns())
             raise

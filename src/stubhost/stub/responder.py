@@ -103,13 +103,9 @@ class StubResponder:
         ``execute`` fails."""
         for request in requests:
             state = request._state
-            if state is None:
+            sent = state.close() if state is not None else None
+            if sent is None:
                 continue
-            with state.lock:
-                if state.closed:
-                    continue
-                sent, state.closed = state.sent, True
-                state.sent += 1
             response = None if sent and not self.decoupled else InferenceResponse(error=TritonError(message, code))
             try:
                 self.send(request, response, RESPONSE_FINAL)

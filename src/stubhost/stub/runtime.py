@@ -31,8 +31,8 @@ from stubhost.backend_utils.logger import Logger, LogLevel, set_log_sink
 from stubhost.backend_utils.model_config import ModelConfig
 from stubhost.backend_utils.request import InferenceRequest
 from stubhost.backend_utils.response import InferenceResponse
-from stubhost.backend_utils.response_sender import InferenceResponseSender, set_transport
-from stubhost.protocol import LOG_MARKER, REPLY_ERROR, REPLY_OK, read_payload, write_payload
+from stubhost.backend_utils.response_sender import set_transport
+from stubhost.protocol import LOG_MARKER, REPLY_ERROR, REPLY_OK, RESPONSE_FINAL, read_payload, write_payload
 from stubhost.stub import codec
 from stubhost.stub.loader import load_model_module
 from stubhost.stub.caller import StubCaller
@@ -302,28 +302,25 @@ class StubRuntime:
         the error is then only logged) and are closed if still open."""
         text = self.failure_text(e)
         times = (start, time.monotonic_ns(), 0)
-        answered = set()
-        for request in requests:
-            state = request._state
-            if state is None:
-                continue
-            with state.lock:
-                if state.sent:
-                    answered.add(id(request))
-                else:
-                    # Answered by this reply's error: its sender is closed, so a thread the model
-                    # handed the request to cannot answer a record the parent frees and reuses.
-                    state.closed = True
-        if not answered:
-            return codec.write_errors(self.pool, len(requests), text, times=times)
-        Logger.log_error(text)
         responses: list[InferenceResponse | None] = []
         for request in requests:
-            if id(request) in answered:
-                self.responder.close_with_error([request], text)  # only the final flag, if still open
-                responses.append(None)  # its answer travels through the sender: DEFERRED
-            else:
-                responses.append(InferenceResponse(error=TritonError(text)))
+            # A request its sender answered keeps that answer (DEFERRED: None here), ended with a
+            # final flag if still open. The others are answered by this reply's error, and their
+            # senders are closed, so a thread the model handed one to cannot answer a record the
+            # parent frees and reuses. A response execute returned was never sent: the error wins.
+            state = request._state
+            through_sender = state.close() if state is not None else 0
+            if through_sender is None:  # closed already: by the sender's final flag, or by a claim
+                through_sender = state.sent - state.claimed  # type: ignore[union-attr]
+            elif through_sender:
+                try:
+                    self.responder.send(request, None, RESPONSE_FINAL)
+                except _core.CoreError as error:
+                    Logger.log_error(f"could not close request '{request.request_id()}': {error}")
+            responses.append(None if through_sender else InferenceResponse(error=TritonError(text)))
+        if all(r is not None for r in responses):
+            return codec.write_errors(self.pool, len(requests), text, times=times)
+        Logger.log_error(text)
         return codec.write_responses(self.pool, requests, responses, times, self.targets)
 
     def execute_decoupled(self, requests: list[InferenceRequest], start: int) -> None:
@@ -394,10 +391,9 @@ class StubRuntime:
             if state is None:
                 continue
             if claim:
-                # The sender's rules, under its lock: raises Triton's error if it was used.
-                InferenceResponseSender(request, state)._count(item, 1)
+                state.claim(item)  # under the sender's lock; raises Triton's error if it was used
             elif state.sent or state.closed:
-                InferenceResponseSender(request, state)._count(item, 1)
+                state.count(item, RESPONSE_FINAL, False)  # raises Triton's error: it was used
         return result
 
     def on_finalize(self, message: IPCMessage) -> None:
