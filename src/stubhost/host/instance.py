@@ -25,7 +25,7 @@ from stubhost import _core
 from stubhost._core import Command, IPCMessage, RecordKind
 from stubhost.host.errors import InferenceError
 from stubhost.host.regions import RegionDestination, RegionTensor
-from stubhost.host.streams import ResponseStream, StreamItem, read_response
+from stubhost.host.streams import ResponseStream, StreamItem
 from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
 from stubhost.protocol import (
     REPLY_ERROR,
@@ -41,6 +41,7 @@ from stubhost.protocol import (
 log = logging.getLogger("stubhost")
 
 _REQUEST = int(RecordKind.REQUEST)
+_RESPONSE = int(RecordKind.RESPONSE)
 
 
 class ExecuteResult(NamedTuple):
@@ -386,13 +387,30 @@ class ModelInstance:
         outcome = self._finish(process, message, record, sent)
         if not isinstance(outcome, ResponseStream):
             return outcome
+        return self.await_sender(process, record, outcome, sent, timeout, deadline)
+
+    def await_sender(self, process: StubProcess, record: int, stream: ResponseStream, sent: int,
+                     timeout: float | None, deadline: float | None) -> ExecuteResult:
+        """The one response a default-mode model sends through a request's sender (by
+        `deadline`, a time.monotonic() instant; None: no limit)."""
         answer = _SenderAnswer(self.name, sent, timeout, deadline)
         try:
-            while (result := answer.take(outcome.next(answer.remaining()))) is None:
+            while (result := answer.take(stream.next(answer.remaining()))) is None:
                 pass
             return result
         finally:
-            self._leave(process, record, outcome)
+            self._leave(process, record, stream)
+
+    async def await_sender_async(self, process: StubProcess, record: int, stream: ResponseStream, sent: int,
+                                 timeout: float | None, deadline: float | None) -> ExecuteResult:
+        """``await_sender`` for a coroutine."""
+        answer = _SenderAnswer(self.name, sent, timeout, deadline)
+        try:
+            while (result := answer.take(await stream.next_async(answer.remaining()))) is None:
+                pass
+            return result
+        finally:
+            self._leave(process, record, stream)
 
     async def execute_async(self, tensors: list[tuple[str, Any, int]], outputs: Sequence[str | RegionDestination], request_id: str,
                             parameters: str, correlation_id: int | str, flags: int,
@@ -425,13 +443,7 @@ class ModelInstance:
         outcome = self._finish(process, message, record, sent)
         if not isinstance(outcome, ResponseStream):
             return outcome
-        answer = _SenderAnswer(self.name, sent, timeout, deadline)
-        try:
-            while (result := answer.take(await outcome.next_async(answer.remaining()))) is None:
-                pass
-            return result
-        finally:
-            self._leave(process, record, outcome)
+        return await self.await_sender_async(process, record, outcome, sent, timeout, deadline)
 
     @staticmethod
     def _leave(process: StubProcess, record: int, stream: ResponseStream) -> None:
@@ -448,7 +460,7 @@ class ModelInstance:
         """Sends one request whose responses come through its sender; returns the stream that
         gathers them. `process` skips the wait for READY (an async caller waited already)."""
         process = process or self._wait_ready(None)
-        record = self._write_request(process, tensors, outputs, request_id, parameters, correlation_id, flags,
+        record = self.write_request(process, tensors, outputs, request_id, parameters, correlation_id, flags,
                                      None, timeout_us)
         stream = process.stream_for(record)
         try:
@@ -462,9 +474,17 @@ class ModelInstance:
 
     def _stream_replied(self, process: StubProcess, record: int, stream: ResponseStream, message: IPCMessage) -> None:
         """The Execute of a streamed request was answered (completion thread)."""
+        self.streams_executed(process, message, [(record, stream)])
+
+    def streams_executed(self, process: StubProcess, message: IPCMessage,
+                         streams: Sequence[tuple[int, ResponseStream]]) -> None:
+        """The Execute of streamed requests, (record, stream) in batch order, was answered: a
+        failed one ends each stream with the error (completion thread)."""
         status, reply = process.finish(message)
+        error: InferenceError | None = None
         if status == REPLY_STUB_GONE:
-            stream.fail(InferenceError("INTERNAL", f"Stub process '{self.name}' is not healthy."))
+            for _, stream in streams:
+                stream.fail(InferenceError("INTERNAL", f"Stub process '{self.name}' is not healthy."))
             return
         if status == REPLY_ERROR:
             try:
@@ -472,21 +492,23 @@ class ModelInstance:
             except (_core.CoreError, ValueError):
                 payload = {}
             text = str(payload.get("message", "")) if isinstance(payload, dict) else ""
-            stream.put(StreamItem(None, "{}", InferenceError("INTERNAL", text or f"instance '{self.name}' failed "
-                                                                                 "the request"), True))
+            error = InferenceError("INTERNAL", text or f"instance '{self.name}' failed the request")
         elif reply:
             try:
                 _core.free_record_chain(process.pool, reply)  # a decoupled Execute answers nothing in its reply
             except _core.CoreError:
                 pass
-        stream.executed(record)
+        for record, stream in streams:
+            if error is not None:
+                stream.put(StreamItem(None, "{}", error, True))
+            stream.executed(record)
 
     def _send(self, process: StubProcess, tensors: list[tuple[str, Any, int]],
               outputs: Sequence[str | RegionDestination],
               request_id: str, parameters: str, correlation_id: int | str, flags: int, timeout: float | None,
               on_reply: Callable[[], None] | None, timeout_us: int | None = None) -> tuple[IPCMessage, int]:
         """Writes the request record and queues its Execute message."""
-        record = self._write_request(process, tensors, outputs, request_id, parameters, correlation_id, flags,
+        record = self.write_request(process, tensors, outputs, request_id, parameters, correlation_id, flags,
                                      timeout, timeout_us)
         try:
             return process.submit(Command.EXECUTE_REQUEST, record, timeout, on_reply), record
@@ -494,7 +516,7 @@ class ModelInstance:
             process.pool.free(record)
             raise InferenceError("UNAVAILABLE", f"cannot send the request to instance '{self.name}': {e}") from None
 
-    def _write_request(self, process: StubProcess, tensors: list[tuple[str, Any, int]],
+    def write_request(self, process: StubProcess, tensors: list[tuple[str, Any, int]],
                        outputs: Sequence[str | RegionDestination], request_id: str, parameters: str,
                        correlation_id: int | str, flags: int, timeout: float | None, timeout_us: int | None) -> int:
         """Writes a request record into the stub's pool; returns its handle."""
@@ -557,32 +579,65 @@ class ModelInstance:
                 sent: int) -> ExecuteResult | ResponseStream:
         """Reads an answered request's outcome and frees what it no longer needs. A request the
         model answers through its response sender gives the stream to wait on."""
+        outcome = self.outcomes(process, message, [record], sent)[0]
+        if isinstance(outcome, InferenceError):
+            raise outcome
+        return outcome
+
+    def outcomes(self, process: StubProcess, message: IPCMessage, records: Sequence[int],
+                 sent: int) -> list[ExecuteResult | ResponseStream | InferenceError]:
+        """The outcome of each request of an answered Execute, in batch order: its response, the
+        stream its response sender answers through, or its error. Frees the request records
+        the model no longer needs; a reply that does not match the batch fails what it lacks."""
         pool = process.pool
         status, reply = process.finish(message)
         if status == REPLY_STUB_GONE:
-            # The stub may have died while reading the record; its pool is discarded with it.
+            # The stub may have died while reading the records; its pool is discarded with it.
             self.check_health()
-            raise InferenceError("INTERNAL", f"Stub process '{self.name}' is not healthy.")
+            return [InferenceError("INTERNAL", f"Stub process '{self.name}' is not healthy.")] * len(records)
         if status != REPLY_OK:
-            pool.free(record)
-        if status == REPLY_ERROR:
+            for record in records:
+                pool.free(record)
+            if status != REPLY_ERROR:
+                text = f"instance '{self.name}' answered with unknown status {status}"
+            else:
+                try:
+                    payload = read_payload(pool, reply) if reply else {}
+                    text = str(payload.get("message", "")) if isinstance(payload, dict) else ""
+                except (_core.CoreError, ValueError) as e:
+                    text = f"instance '{self.name}' failed the request and sent an unreadable reason ({e})"
+            return [InferenceError("INTERNAL", text)] * len(records)
+        out: list[ExecuteResult | ResponseStream | InferenceError] = []
+        handle = reply
+        for record in records:
+            if not handle:
+                pool.free(record)
+                out.append(InferenceError("INTERNAL", f"instance '{self.name}' sent fewer responses than the batch "
+                                                      "had requests"))
+                continue
             try:
-                payload = read_payload(pool, reply) if reply else {}
-            except (_core.CoreError, ValueError) as e:
-                payload = {"message": f"instance '{self.name}' failed the request and sent an unreadable reason ({e})"}
-            raise InferenceError("INTERNAL", str(payload.get("message", "")) if isinstance(payload, dict) else "")
-        if status != REPLY_OK:
-            raise InferenceError("INTERNAL", f"instance '{self.name}' answered with unknown status {status}")
-        try:
-            code, times, strings, result = read_response(pool, reply)
-        except _core.CoreError as e:
+                kind, code, times, handle, strings, result = _core.read_record(pool, handle, True)
+                if kind != _RESPONSE:
+                    raise _core.FormatError("the reply is not a response record")
+            except _core.CoreError as e:
+                # The rest of the chain cannot be trusted: what it holds is lost with it.
+                handle = 0
+                pool.free(record)
+                out.append(InferenceError("INTERNAL", f"instance '{self.name}' sent a malformed response: {e}"))
+                continue
+            if times[2] & RESPONSE_DEFERRED:
+                stream = process.stream_for(record)
+                stream.executed(record)  # the model may read the request until it answers
+                out.append(stream)
+                continue
             pool.free(record)
-            raise InferenceError("INTERNAL", f"instance '{self.name}' sent a malformed response: {e}") from None
-        if times[2] & RESPONSE_DEFERRED:
-            stream = process.stream_for(record)
-            stream.executed(record)  # the model may read the request until it answers
-            return stream
-        pool.free(record)
-        if code:
-            raise InferenceError(error_code_name(code - 1), strings[0] if strings else "")
-        return ExecuteResult(result, strings[1] if len(strings) > 1 else "{}", sent, times[0], times[1])
+            if code:
+                out.append(InferenceError(error_code_name(code - 1), strings[0] if strings else ""))
+            else:
+                out.append(ExecuteResult(result, strings[1] if len(strings) > 1 else "{}", sent, times[0], times[1]))
+        if handle:
+            try:
+                _core.free_record_chain(pool, handle)  # more responses than requests: not ours to read
+            except _core.CoreError:
+                pass
+        return out

@@ -52,6 +52,8 @@ from stubhost.host.streams import StreamItem
 from stubhost.host.repository import ModelDir, model_file
 from stubhost.host.regions import RegionDestination
 from stubhost.host.result import InferResponse
+from stubhost.host.scheduler import Scheduler, Ticket
+from stubhost.host.sequences import SequenceRouter
 from stubhost.host.stats import ModelStatistics
 from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
 from stubhost.protocol import write_payload
@@ -168,6 +170,14 @@ class LoadedModel:
         self.checker = RequestChecker(name, self.config_dict)
         self.stats = ModelStatistics()
         self.decoupled = bool(config.model_transaction_policy.decoupled)
+        # Sequences go straight to their instance; other requests wait in a version's queue
+        # when the model batches or has several instances to choose from.
+        self.sequences = SequenceRouter(name, config) if config.HasField("sequence_batching") else None
+        self.schedulers: dict[int, Scheduler] = {}
+        if self.sequences is None:
+            for version, group in versions.items():
+                if config.HasField("dynamic_batching") or len(group) > 1:
+                    self.schedulers[version] = Scheduler(name, version, group, config, self.decoupled)
 
     # ---- loading ---------------------------------------------------------------------------------
     @classmethod
@@ -289,16 +299,29 @@ class LoadedModel:
         return version
 
     def _route(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None, version: int,
-               request_id: str) -> tuple[ModelInstance, list[tuple[str, Any, int]], list[str | RegionDestination]]:
-        """Validates a request and picks the least busy READY instance of its version."""
+               request_id: str, correlation_id: int | str,
+               flags: int) -> tuple[ModelInstance, list[tuple[str, Any, int]], list[str | RegionDestination]]:
+        """Validates a request and picks its instance: its sequence's, or the least busy READY one."""
         group = self.versions[version]
         tensors = self.checker.check_inputs(inputs, request_id)
         requested = self.checker.check_outputs(outputs, request_id)
+        if self.sequences is not None:
+            return self.sequences.route(version, group, correlation_id, flags), tensors, requested
         instance = group[0]
         if len(group) > 1:
             ready = [i for i in group if i.state is InstanceState.READY] or group
             instance = min(ready, key=ModelInstance.load_count)
         return instance, tensors, requested
+
+    def _ticket(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
+                parameters: str, request_id: str, correlation_id: int | str, flags: int, timeout_us: int | None,
+                priority: int, begin: int) -> Ticket:
+        """Validates a request for a version's queue."""
+        tensors = self.checker.check_inputs(inputs, request_id)
+        requested = self.checker.check_outputs(outputs, request_id)
+        size = int(tensors[0][1].shape[0]) if self.config.max_batch_size > 0 and tensors else 1
+        return Ticket(tensors, requested, request_id, parameters, correlation_id, flags, timeout_us, size, priority,
+                      begin)
 
     def _parameters(self, text: str, request_id: str) -> dict[str, Any]:
         """A response's parameters, which must be a JSON object."""
@@ -314,26 +337,40 @@ class LoadedModel:
         return parameters
 
     def _response(self, version: int, tensors: list[tuple[str, Any, int]], result: ExecuteResult,
-                  begin: int, request_id: str) -> InferResponse:
-        """Checks a response, records its statistics, and wraps it for the caller."""
+                  begin: int, request_id: str, ticket: Ticket | None = None) -> InferResponse:
+        """Checks a response, records its statistics, and wraps it for the caller (`ticket`:
+        the request came through a queue, and ran in a batch)."""
         outputs = self.checker.check_result(result.outputs, request_id)
         parameters = self._parameters(result.parameters, request_id)
-        batch = int(tensors[0][1].shape[0]) if self.config.max_batch_size > 0 and tensors else 1
-        self.stats.record_success(version, batch, begin, result.sent, result.exec_start, result.exec_end,
-                                  time.monotonic_ns())
+        if ticket is None:
+            batch = int(tensors[0][1].shape[0]) if self.config.max_batch_size > 0 and tensors else 1
+            self.stats.record_success(version, batch, begin, result.sent, result.exec_start, result.exec_end,
+                                      time.monotonic_ns())
+        else:
+            self.stats.record_success(version, ticket.size, begin, ticket.compute_input_end(), result.exec_start,
+                                      result.exec_end, time.monotonic_ns(),
+                                      execution=ticket.batch_size if ticket.first_in_batch else 0)
         return InferResponse(outputs, parameters, version)
 
     def infer(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None, model_version: str | int,
               parameters: str, request_id: str, timeout: float | None, correlation_id: int | str,
-              flags: int, *, timeout_us: int | None = None) -> InferResponse:
-        """Validates, routes to the least busy READY instance, and returns the response."""
+              flags: int, *, timeout_us: int | None = None, priority: int = 0) -> InferResponse:
+        """Validates, routes to an instance (through the version's queue, if it has one), and
+        returns the response."""
         if self.decoupled:
             raise self._unsupported_decoupled()
         begin = time.monotonic_ns()
         version: int | None = None
         try:
             version = self.resolve_version(model_version)
-            instance, tensors, requested = self._route(inputs, outputs, version, request_id)
+            scheduler = self.schedulers.get(version)
+            if scheduler is not None:
+                ticket = self._ticket(inputs, outputs, parameters, request_id, correlation_id, flags, timeout_us,
+                                      priority, begin)
+                queued = scheduler.wait(ticket, timeout)
+                return self._response(version, ticket.tensors, queued, begin, request_id,  # type: ignore[arg-type]
+                                      ticket)
+            instance, tensors, requested = self._route(inputs, outputs, version, request_id, correlation_id, flags)
             result = instance.execute(tensors, requested, request_id, parameters, correlation_id, flags, timeout,
                                       timeout_us=timeout_us)
             return self._response(version, tensors, result, begin, request_id)
@@ -345,7 +382,7 @@ class LoadedModel:
 
     async def infer_async(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None, model_version: str | int,
                           parameters: str, request_id: str, timeout: float | None, correlation_id: int | str,
-                          flags: int, *, timeout_us: int | None = None) -> InferResponse:
+                          flags: int, *, timeout_us: int | None = None, priority: int = 0) -> InferResponse:
         """``infer`` for asyncio callers (no thread waits for the reply)."""
         if self.decoupled:
             raise self._unsupported_decoupled()
@@ -353,7 +390,14 @@ class LoadedModel:
         version: int | None = None
         try:
             version = self.resolve_version(model_version)
-            instance, tensors, requested = self._route(inputs, outputs, version, request_id)
+            scheduler = self.schedulers.get(version)
+            if scheduler is not None:
+                ticket = self._ticket(inputs, outputs, parameters, request_id, correlation_id, flags, timeout_us,
+                                      priority, begin)
+                queued = await scheduler.wait_async(ticket, timeout)
+                return self._response(version, ticket.tensors, queued, begin, request_id,  # type: ignore[arg-type]
+                                      ticket)
+            instance, tensors, requested = self._route(inputs, outputs, version, request_id, correlation_id, flags)
             result = await instance.execute_async(tensors, requested, request_id, parameters, correlation_id, flags,
                                                   timeout, timeout_us=timeout_us)
             return self._response(version, tensors, result, begin, request_id)
@@ -392,24 +436,32 @@ class LoadedModel:
 
     def stream(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
                model_version: str | int, parameters: str, request_id: str, timeout: float | None,
-               correlation_id: int | str, flags: int, *,
-               timeout_us: int | None = None) -> Generator[InferResponse, None, None]:
+               correlation_id: int | str, flags: int, *, timeout_us: int | None = None,
+               priority: int = 0) -> Generator[InferResponse, None, None]:
         """The responses of one request, as they come (a default-mode model gives one). Leaving
         the iteration early cancels the request."""
         if not self.decoupled:
             yield self.infer(inputs, outputs, model_version, parameters, request_id, timeout, correlation_id, flags,
-                             timeout_us=timeout_us)
+                             timeout_us=timeout_us, priority=priority)
             return
         begin = time.monotonic_ns()
         version = self.resolve_version(model_version)
         try:
-            instance, tensors, requested = self._route(inputs, outputs, version, request_id)
-            stream = instance.open_stream(tensors, requested, request_id, parameters, correlation_id, flags,
-                                          timeout_us)
+            scheduler = self.schedulers.get(version)
+            if scheduler is not None:
+                ticket = self._ticket(inputs, outputs, parameters, request_id, correlation_id, flags, timeout_us,
+                                      priority, begin)
+                tally = _StreamTally(self, version, ticket.tensors, begin, request_id, timeout)
+                stream: RequestStream = scheduler.wait(ticket, tally.remaining())  # type: ignore[assignment]
+            else:
+                instance, tensors, requested = self._route(inputs, outputs, version, request_id, correlation_id,
+                                                           flags)
+                tally = _StreamTally(self, version, tensors, begin, request_id, timeout)
+                stream = instance.open_stream(tensors, requested, request_id, parameters, correlation_id, flags,
+                                              timeout_us)
         except InferenceError:
             self.stats.record_failure(version, begin, time.monotonic_ns())
             raise
-        tally = _StreamTally(self, version, tensors, begin, request_id, timeout)
         try:
             while not tally.done:
                 yield tally.take(stream.next(tally.remaining()))
@@ -418,26 +470,34 @@ class LoadedModel:
 
     async def stream_async(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
                            model_version: str | int, parameters: str, request_id: str, timeout: float | None,
-                           correlation_id: int | str, flags: int, *,
-                           timeout_us: int | None = None) -> AsyncGenerator[InferResponse, None]:
+                           correlation_id: int | str, flags: int, *, timeout_us: int | None = None,
+                           priority: int = 0) -> AsyncGenerator[InferResponse, None]:
         """``stream`` for asyncio callers."""
         if not self.decoupled:
             yield await self.infer_async(inputs, outputs, model_version, parameters, request_id, timeout,
-                                         correlation_id, flags, timeout_us=timeout_us)
+                                         correlation_id, flags, timeout_us=timeout_us, priority=priority)
             return
         begin = time.monotonic_ns()
         version = self.resolve_version(model_version)
         try:
-            instance, tensors, requested = self._route(inputs, outputs, version, request_id)
-            process = instance.process
-            if instance.state is not InstanceState.READY:
-                process = await asyncio.get_running_loop().run_in_executor(None, instance._wait_ready, timeout)
-            stream = instance.open_stream(tensors, requested, request_id, parameters, correlation_id, flags,
-                                          timeout_us, process)
+            scheduler = self.schedulers.get(version)
+            if scheduler is not None:
+                ticket = self._ticket(inputs, outputs, parameters, request_id, correlation_id, flags, timeout_us,
+                                      priority, begin)
+                tally = _StreamTally(self, version, ticket.tensors, begin, request_id, timeout)
+                stream: RequestStream = await scheduler.wait_async(ticket, tally.remaining())  # type: ignore[assignment]
+            else:
+                instance, tensors, requested = self._route(inputs, outputs, version, request_id, correlation_id,
+                                                           flags)
+                tally = _StreamTally(self, version, tensors, begin, request_id, timeout)
+                process = instance.process
+                if instance.state is not InstanceState.READY:
+                    process = await asyncio.get_running_loop().run_in_executor(None, instance._wait_ready, timeout)
+                stream = instance.open_stream(tensors, requested, request_id, parameters, correlation_id, flags,
+                                              timeout_us, process)
         except InferenceError:
             self.stats.record_failure(version, begin, time.monotonic_ns())
             raise
-        tally = _StreamTally(self, version, tensors, begin, request_id, timeout)
         try:
             while not tally.done:
                 yield tally.take(await stream.next_async(tally.remaining()))
@@ -456,7 +516,10 @@ class LoadedModel:
             inst.process.reap()
 
     def stop(self) -> None:
-        """Finalizes and stops every instance (in parallel)."""
+        """Fails what still waits in the queues, then finalizes and stops every instance (in
+        parallel)."""
+        for scheduler in self.schedulers.values():
+            scheduler.stop()
         # Plain threads, not an executor: this also runs from atexit, when executors refuse work.
         threads = [threading.Thread(target=inst.stop, name=f"stubhost-stop-{inst.name}") for inst in self.instances()]
         for thread in threads:

@@ -221,48 +221,52 @@ class Server:
     # ---- inference -------------------------------------------------------------------------------
     def infer(self, name: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
               model_version: str | int = "", parameters: Mapping[str, Any] | None = None, request_id: str = "",
-              timeout: float | None = None, correlation_id: int | str = 0, flags: int = 0) -> dict[str, np.ndarray]:
+              timeout: float | None = None, correlation_id: int | str = 0, flags: int = 0,
+              priority: int = 0) -> dict[str, np.ndarray]:
         """Runs one request and returns its outputs by name (BYTES as object arrays of bytes).
 
         ``timeout`` (seconds) bounds the wait; a request still running then fails with UNAVAILABLE
-        and its instance, now considered hung, is replaced.
+        and its instance, now considered hung, is replaced. ``priority`` picks the request's
+        level in a model whose ``dynamic_batching`` has ``priority_levels`` (0: the default level).
         """
         model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
         return model.infer(inputs, outputs, model_version, params, request_id, timeout, correlation_id,
-                           flags).outputs
+                           flags, priority=priority).outputs
 
     async def infer_async(self, name: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
                           model_version: str | int = "", parameters: Mapping[str, Any] | None = None,
                           request_id: str = "", timeout: float | None = None, correlation_id: int | str = 0,
-                          flags: int = 0) -> dict[str, np.ndarray]:
+                          flags: int = 0, priority: int = 0) -> dict[str, np.ndarray]:
         """``infer`` for asyncio callers: no thread waits for the reply (each stub's completion
         thread wakes the event loop), so thousands of requests may be awaited at once."""
         model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
         response = await model.infer_async(inputs, outputs, model_version, params, request_id, timeout,
-                                           correlation_id, flags)
+                                           correlation_id, flags, priority=priority)
         return response.outputs
 
     def infer_response(self, name: str, inputs: Mapping[str, Any], *,
                        outputs: Sequence[str | RegionDestination] | None = None, model_version: str | int = "", parameters: Mapping[str, Any] | None = None,
                        request_id: str = "", timeout: float | None = None, correlation_id: int | str = 0,
-                       flags: int = 0) -> InferResponse:
+                       flags: int = 0, priority: int = 0) -> InferResponse:
         """``infer``, returning the whole response: outputs, the model's response parameters and
         the version that answered."""
         model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
-        return model.infer(inputs, outputs, model_version, params, request_id, timeout, correlation_id, flags)
+        return model.infer(inputs, outputs, model_version, params, request_id, timeout, correlation_id, flags,
+                           priority=priority)
 
     async def infer_response_async(self, name: str, inputs: Mapping[str, Any], *,
                                    outputs: Sequence[str | RegionDestination] | None = None,
                                    model_version: str | int = "",
                                    parameters: Mapping[str, Any] | None = None, request_id: str = "",
                                    timeout: float | None = None, correlation_id: int | str = 0,
-                                   flags: int = 0, request_timeout_us: int | None = None) -> InferResponse:
+                                   flags: int = 0, priority: int = 0,
+                                   request_timeout_us: int | None = None) -> InferResponse:
         """``infer_response`` for asyncio callers. ``request_timeout_us`` (a client's request
         ``timeout`` parameter) is only shown to the model as ``request.timeout()``: unlike
         ``timeout`` it never ends the call nor marks the instance hung."""
         model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
         return await model.infer_async(inputs, outputs, model_version, params, request_id, timeout,
-                                       correlation_id, flags, timeout_us=request_timeout_us)
+                                       correlation_id, flags, timeout_us=request_timeout_us, priority=priority)
 
     def is_decoupled(self, name: str) -> bool:
         """True when the model uses the decoupled transaction policy (its responses are streamed)."""
@@ -271,14 +275,14 @@ class Server:
     def stream(self, name: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
                model_version: str | int = "", parameters: Mapping[str, Any] | None = None, request_id: str = "",
                timeout: float | None = None, correlation_id: int | str = 0,
-               flags: int = 0) -> Iterator[dict[str, np.ndarray]]:
+               flags: int = 0, priority: int = 0) -> Iterator[dict[str, np.ndarray]]:
         """Runs one request and yields the outputs of each response as it comes: any number
         from a decoupled model, one from a default-mode model. An error response raises
         InferenceError. Closing the iterator early cancels the request (the model sees
         ``request.is_cancelled()``). ``timeout`` bounds the whole stream."""
         for response in self.stream_responses(name, inputs, outputs=outputs, model_version=model_version,
                                               parameters=parameters, request_id=request_id, timeout=timeout,
-                                              correlation_id=correlation_id, flags=flags):
+                                              correlation_id=correlation_id, flags=flags, priority=priority):
             if response.error is not None:
                 raise response.error
             if not response.empty:
@@ -287,11 +291,11 @@ class Server:
     async def stream_async(self, name: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
                            model_version: str | int = "", parameters: Mapping[str, Any] | None = None,
                            request_id: str = "", timeout: float | None = None, correlation_id: int | str = 0,
-                           flags: int = 0) -> AsyncIterator[dict[str, np.ndarray]]:
+                           flags: int = 0, priority: int = 0) -> AsyncIterator[dict[str, np.ndarray]]:
         """``stream`` for asyncio callers; ``aclose()`` (or leaving ``async for``) cancels."""
         responses = self.stream_responses_async(name, inputs, outputs=outputs, model_version=model_version,
                                                 parameters=parameters, request_id=request_id, timeout=timeout,
-                                                correlation_id=correlation_id, flags=flags)
+                                                correlation_id=correlation_id, flags=flags, priority=priority)
         try:
             async for response in responses:
                 if response.error is not None:
@@ -305,24 +309,25 @@ class Server:
                          outputs: Sequence[str | RegionDestination] | None = None, model_version: str | int = "",
                          parameters: Mapping[str, Any] | None = None, request_id: str = "",
                          timeout: float | None = None, correlation_id: int | str = 0, flags: int = 0,
+                         priority: int = 0,
                          request_timeout_us: int | None = None) -> Generator[InferResponse, None, None]:
         """``stream``, yielding whole responses: errors are responses with ``error`` set (a
         decoupled model may go on after one), and a final flag sent without a response is an
         ``empty`` response."""
         model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
         return model.stream(inputs, outputs, model_version, params, request_id, timeout, correlation_id, flags,
-                            timeout_us=request_timeout_us)
+                            timeout_us=request_timeout_us, priority=priority)
 
     def stream_responses_async(self, name: str, inputs: Mapping[str, Any], *,
                                outputs: Sequence[str | RegionDestination] | None = None,
                                model_version: str | int = "", parameters: Mapping[str, Any] | None = None,
                                request_id: str = "", timeout: float | None = None, correlation_id: int | str = 0,
-                               flags: int = 0,
+                               flags: int = 0, priority: int = 0,
                                request_timeout_us: int | None = None) -> AsyncGenerator[InferResponse, None]:
         """``stream_responses`` for asyncio callers."""
         model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
         return model.stream_async(inputs, outputs, model_version, params, request_id, timeout, correlation_id, flags,
-                                  timeout_us=request_timeout_us)
+                                  timeout_us=request_timeout_us, priority=priority)
 
     def statistics(self, name: str = "", version: str | int = "") -> dict[str, Any]:
         """Triton's statistics-extension answer: ``{"model_stats": [...]}`` for one model (and

@@ -55,9 +55,12 @@ class ModelStatistics:
         return stats
 
     def record_success(self, version: int, batch_size: int, begin: int, sent: int, exec_start: int,
-                       exec_end: int, done: int) -> None:
-        """One successful request (one execution of `batch_size`)."""
-        self._pending.append((version, batch_size, begin, sent, exec_start, exec_end, done))
+                       exec_end: int, done: int, execution: int | None = None) -> None:
+        """One successful request of `batch_size`. `execution` is the batch size of the
+        execution it counts (0: its batch's execution is counted by another request; None: it
+        ran alone)."""
+        self._pending.append((version, batch_size, begin, sent, exec_start, exec_end, done,
+                              batch_size if execution is None else execution))
         if len(self._pending) >= self.FOLD_EVERY:
             self._fold()
 
@@ -84,7 +87,7 @@ class ModelStatistics:
                     entry[1] += max(done - begin, 0)
                     stats.last_done = max(stats.last_done, done)
                     continue
-                version, batch_size, begin, sent, exec_start, exec_end, done = record
+                version, batch_size, begin, sent, exec_start, exec_end, done, execution = record
                 # The stub's instants are untrusted: clamped into the request's own interval.
                 exec_start = min(max(exec_start, sent), done)
                 exec_end = min(max(exec_end, exec_start), done)
@@ -96,18 +99,21 @@ class ModelStatistics:
                     entry = d[key]
                     entry[0] += 1
                     entry[1] += ns
-                batch = stats.batches.get(batch_size)
+                stats.inference_count += batch_size
+                stats.last_done = max(stats.last_done, done)
+                if not execution:
+                    continue
+                # batch_stats count executions, keyed by the batch size they ran
+                batch = stats.batches.get(execution)
                 if batch is None:
-                    batch = stats.batches[batch_size] = {k: [0, 0] for k in
-                                                         ("compute_input", "compute_infer", "compute_output")}
+                    batch = stats.batches[execution] = {k: [0, 0] for k in
+                                                        ("compute_input", "compute_infer", "compute_output")}
                 for key, ns in (("compute_input", c_input), ("compute_infer", c_infer),
                                 ("compute_output", c_output)):
                     entry = batch[key]
                     entry[0] += 1
                     entry[1] += ns
-                stats.inference_count += batch_size
                 stats.execution_count += 1
-                stats.last_done = max(stats.last_done, done)
 
     def snapshot(self, name: str, versions: list[int]) -> list[dict[str, Any]]:
         """Triton's ``model_stats`` entries for the given versions (zeros for unused ones)."""

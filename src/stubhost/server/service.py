@@ -44,15 +44,16 @@ _FLAG_START = 1
 _FLAG_END = 2
 
 
-def _request_controls(request: InferRequest) -> tuple[dict[str, Any], int | str, int, int | None]:
-    """Splits the request parameters into (model parameters, correlation id, flags, timeout µs).
+def _request_controls(request: InferRequest) -> tuple[dict[str, Any], int | str, int, int | None, int]:
+    """Splits the request parameters into (model parameters, correlation id, flags, timeout µs,
+    priority).
 
     The timeout is only shown to the model (``request.timeout()``): as in Triton, a client's
     request timeout never ends a request that is already executing.
     """
     params = request.parameters
     if not params:
-        return {}, 0, 0, None
+        return {}, 0, 0, None, 0
     correlation = params.get(_SEQUENCE_ID, 0)
     if isinstance(correlation, bool) or not isinstance(correlation, (int, str)):
         raise InferenceError("INVALID_ARG", f"parameter '{_SEQUENCE_ID}' must be an integer or a string")
@@ -69,8 +70,11 @@ def _request_controls(request: InferRequest) -> tuple[dict[str, Any], int | str,
             raise InferenceError("INVALID_ARG", f"parameter '{_TIMEOUT}' must be a non-negative integer of "
                                                 "microseconds")
         timeout = timeout_us or None
+    priority = params.get(_PRIORITY, 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
+        raise InferenceError("INVALID_ARG", f"parameter '{_PRIORITY}' must be a non-negative integer")
     model_params = {k: v for k, v in params.items() if k not in _RESERVED}
-    return model_params, correlation, flags, timeout
+    return model_params, correlation, flags, timeout, priority
 
 
 class StreamEvent(NamedTuple):
@@ -219,11 +223,11 @@ class InferenceService:
         """The keyword arguments of the in-process call that runs `request` (regions it uses
         are leased into `leases`)."""
         inputs = self._inputs(request, leases)
-        params, correlation, flags, timeout = _request_controls(request)
+        params, correlation, flags, timeout, priority = _request_controls(request)
         names = [self._destination(o, leases) if o.shm is not None else o.name for o in request.outputs] or None
         return {"inputs": inputs, "outputs": names, "model_version": request.model_version, "parameters": params,
                 "request_id": request.id, "correlation_id": correlation, "flags": flags,
-                "request_timeout_us": timeout}
+                "request_timeout_us": timeout, "priority": priority}
 
     def _check_request(self, request: InferRequest) -> None:
         """Limits and refusals that hold before anything runs."""

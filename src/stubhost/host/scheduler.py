@@ -1,0 +1,553 @@
+"""The model scheduler: a queue per model version from which free instances take their batches.
+
+This is Triton's dynamic batcher, and its default scheduler for a model with several instances.
+Requests wait in the queue (one per priority level, each with its queue policy); whenever an
+instance has no Execute in flight, the requests at the front that fit form its next batch, sent
+as one Execute whose requests the model gets as one list (as Triton's Python backend does: a list
+of requests, never concatenated tensors). So a request always goes to an instance that is free,
+and a slow instance never holds up requests another instance could run.
+
+How a batch is formed (dynamic batching; without it every batch is one request):
+- requests are taken in priority order, oldest first, while their batch dimensions add up to at
+  most ``max_batch_size`` (``max_batch_size: 0``: one request per batch);
+- a batch that reached ``max_batch_size`` or the largest preferred size goes at once;
+- otherwise the batch waits until its oldest request has waited ``max_queue_delay_microseconds``,
+  then goes cut at the largest preferred size it reached (whole when it reached none).
+
+Queue policies: ``max_queue_size`` rejects with UNAVAILABLE "Exceeds maximum queue size"; a
+request whose queue timeout (``default_timeout_microseconds``, or the request's own ``timeout``
+when ``allow_timeout_override``) runs out while queued is rejected with UNAVAILABLE "Request
+timeout expired", or with ``timeout_action: DELAY`` moved behind the requests of its level that
+did not time out. ``preserve_ordering`` hands the responses back in the order the requests came.
+
+Threads: whoever submits a request or completes a batch dispatches what can go now (no extra
+thread hop on the hot path); one timer thread per scheduler wakes for queue delays, queue
+timeouts and instances that come back from a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from stubhost import _core
+from stubhost._core import Command, IPCMessage
+from stubhost.config import ModelConfig
+from stubhost.config.model_config_pb2 import ModelQueuePolicy
+from stubhost.host.errors import InferenceError
+from stubhost.host.instance import ExecuteResult, InstanceState, ModelInstance, RequestStream
+from stubhost.host.regions import RegionDestination
+from stubhost.host.streams import ResponseStream
+from stubhost.host.stub_process import StubProcess
+
+log = logging.getLogger("stubhost")
+
+RESTART_POLL_S = 0.05  # how often queued requests look for an instance that came back
+
+# Ticket states
+QUEUED, DISPATCHED, SETTLED, ABANDONED = range(4)
+
+
+class QueuePolicy:
+    """One priority level's queue policy, in nanoseconds."""
+
+    __slots__ = ("timeout_ns", "delay", "allow_override", "max_size")
+
+    def __init__(self, policy: ModelQueuePolicy | None = None) -> None:
+        self.timeout_ns = int(policy.default_timeout_microseconds) * 1000 if policy is not None else 0
+        self.delay = policy is not None and policy.timeout_action == ModelQueuePolicy.DELAY
+        self.allow_override = policy is not None and bool(policy.allow_timeout_override)
+        self.max_size = int(policy.max_queue_size) if policy is not None else 0
+
+    def deadline(self, enqueued: int, request_timeout_us: int | None) -> int:
+        """The instant the request's queue timeout runs out (0: never)."""
+        timeout_ns = self.timeout_ns
+        if self.allow_override and request_timeout_us:
+            timeout_ns = request_timeout_us * 1000
+        return enqueued + timeout_ns if timeout_ns else 0
+
+
+class _Level:
+    """One priority level: its queue, the requests its DELAY policy moved back, its policy."""
+
+    __slots__ = ("queue", "delayed", "policy")
+
+    def __init__(self, policy: QueuePolicy) -> None:
+        self.queue: deque[Ticket] = deque()
+        self.delayed: deque[Ticket] = deque()
+        self.policy = policy
+
+    def __len__(self) -> int:
+        return len(self.queue) + len(self.delayed)
+
+
+class Ticket:
+    """One request from the moment it is queued until its caller has its outcome.
+
+    ``outcome`` is an ExecuteResult, a ResponseStream (a default-mode model answers through the
+    request's sender), a RequestStream (a decoupled model), or an InferenceError.
+    """
+
+    __slots__ = ("tensors", "requested", "request_id", "parameters", "correlation_id", "flags", "timeout_us",
+                 "size", "priority", "begin", "enqueued", "deadline", "state", "instance", "process", "record",
+                 "dispatched", "sent", "batch_size", "first_in_batch", "outcome", "wake", "ordered")
+
+    def __init__(self, tensors: list[tuple[str, Any, int]], requested: Sequence[str | RegionDestination],
+                 request_id: str, parameters: str, correlation_id: int | str, flags: int,
+                 timeout_us: int | None, size: int, priority: int, begin: int) -> None:
+        self.tensors = tensors
+        self.requested = requested
+        self.request_id = request_id
+        self.parameters = parameters
+        self.correlation_id = correlation_id
+        self.flags = flags
+        self.timeout_us = timeout_us
+        self.size = size            # the request's batch dimension (1 without batching)
+        self.priority = priority
+        self.begin = begin          # CLOCK_MONOTONIC ns: the caller made the call
+        self.enqueued = 0
+        self.deadline = 0           # ns: the queue timeout runs out (0: never)
+        self.state = QUEUED
+        self.instance: ModelInstance | None = None
+        self.process: StubProcess | None = None
+        self.record = 0
+        self.dispatched = 0         # ns: its batch started being written
+        self.sent = 0               # ns: its batch was queued to the stub
+        self.batch_size = 0         # the batch dimension of the whole batch it ran in
+        self.first_in_batch = False  # counts the batch's execution in the statistics
+        self.outcome: ExecuteResult | ResponseStream | RequestStream | InferenceError | None = None
+        self.wake: Callable[[], None] | None = None
+        self.ordered = False        # settled, waiting for earlier requests (preserve_ordering)
+
+    def compute_input_end(self) -> int:
+        """The instant that splits the request's time before its batch ran into compute_input
+        (checking the request, writing it to the pool) and queue (everything else)."""
+        return self.begin + max(self.enqueued - self.begin, 0) + max(self.sent - self.dispatched, 0)
+
+
+class Scheduler:
+    """The queue and the dispatcher of one model version's instances."""
+
+    def __init__(self, model_name: str, version: int, instances: list[ModelInstance], config: ModelConfig,
+                 decoupled: bool) -> None:
+        self.model_name = model_name
+        self.version = version
+        self.instances = instances
+        self.decoupled = decoupled
+        self.max_batch_size = int(config.max_batch_size)
+        self.batching = config.HasField("dynamic_batching")
+        batching = config.dynamic_batching
+        self.delay_ns = int(batching.max_queue_delay_microseconds) * 1000 if self.batching else 0
+        self.preferred = sorted(set(batching.preferred_batch_size)) if self.batching else []
+        self.max_preferred = self.preferred[-1] if self.preferred else 0
+        self.preserve_ordering = self.batching and bool(batching.preserve_ordering)
+        levels = int(batching.priority_levels) if self.batching else 0
+        self.default_level = int(batching.default_priority_level) if levels else 1
+        default_policy = QueuePolicy(batching.default_queue_policy if self.batching else None)
+        self.levels = [_Level(QueuePolicy(batching.priority_queue_policy[level])
+                              if level in batching.priority_queue_policy else default_policy)
+                       for level in range(1, max(levels, 1) + 1)]
+        self.timeouts = any(level.policy.timeout_ns or level.policy.allow_override for level in self.levels)
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
+        self._free: list[ModelInstance] = list(instances)
+        self._queued = 0
+        self._order: deque[Ticket] = deque()  # preserve_ordering: every unsettled request, in order
+        self._stopped = False
+        self._timer: threading.Thread | None = None
+
+    # ---- the callers' side -----------------------------------------------------------------------
+    def submit(self, ticket: Ticket) -> None:
+        """Queues a request (its ``wake`` set already) and dispatches what can go now. Raises
+        InferenceError UNAVAILABLE when its level's queue is full or the model is unloading."""
+        level = self.levels[self._level_index(ticket.priority)]
+        with self._lock:
+            if self._stopped:
+                raise InferenceError("UNAVAILABLE", f"model '{self.model_name}' is unloading")
+            if level.policy.max_size and len(level) >= level.policy.max_size:
+                raise InferenceError("UNAVAILABLE", "Exceeds maximum queue size")
+            ticket.enqueued = now = time.monotonic_ns()
+            if self.timeouts:
+                ticket.deadline = level.policy.deadline(now, ticket.timeout_us)
+            level.queue.append(ticket)
+            self._queued += 1
+            if self.preserve_ordering:
+                self._order.append(ticket)
+            batches = self._take_batches(now)
+        self._send(batches)
+
+    def withdraw(self, ticket: Ticket, keep_settled: bool = False) -> int:
+        """The caller gave up on a request (it timed out or was cancelled); returns the state it
+        was in. A QUEUED one never runs; otherwise its outcome, when it comes, is dropped, and a
+        request already running is seen as cancelled by the model. With `keep_settled`, a request
+        whose outcome is in already is left as it is."""
+        with self._lock:
+            state = ticket.state
+            if state == ABANDONED or (state == SETTLED and keep_settled):
+                return state
+            ticket.state = ABANDONED
+            if state == QUEUED:
+                self._remove(ticket)
+        if state == DISPATCHED and ticket.process is not None and ticket.record:
+            ticket.process.cancel(ticket.record)
+        elif state == SETTLED:
+            self._drop(ticket)
+        return state
+
+    # ---- batches ---------------------------------------------------------------------------------
+    def _level_index(self, priority: int) -> int:
+        """Triton's rule: priority 0, or one beyond the levels, means the default level."""
+        if priority <= 0 or priority > len(self.levels):
+            return self.default_level - 1
+        return priority - 1
+
+    def _ordered(self) -> Iterator[Ticket]:
+        for level in self.levels:
+            yield from level.queue
+            yield from level.delayed
+
+    def _take_batches(self, now: int) -> list[tuple[ModelInstance, list[Ticket]]]:
+        """The batches that go now, each with the free instance it goes to (lock held)."""
+        batches = []
+        while self._queued and self._free:
+            instance = next((i for i in self._free if i.state is InstanceState.READY), None)
+            if instance is None:
+                break
+            count = self._batch_count(now)
+            if not count:
+                break
+            self._free.remove(instance)
+            batch = []
+            for level in self.levels:
+                for queue in (level.queue, level.delayed):
+                    while queue and len(batch) < count:
+                        ticket = queue.popleft()
+                        ticket.state = DISPATCHED
+                        batch.append(ticket)
+            self._queued -= len(batch)
+            batches.append((instance, batch))
+        if self._queued and (self.delay_ns or self.timeouts or self._free):
+            self._wake_timer()
+        return batches
+
+    def _batch_count(self, now: int) -> int:
+        """How many queued requests form the next batch now (0: it should wait)."""
+        if not self.batching or self.max_batch_size == 0:
+            return 1
+        total = count = best = 0
+        oldest = 0
+        for ticket in self._ordered():
+            if count and total + ticket.size > self.max_batch_size:
+                break
+            oldest = oldest or ticket.enqueued
+            total += ticket.size
+            count += 1
+            if total in self.preferred:
+                best = count
+            if total >= self.max_batch_size:
+                return count
+        if self.max_preferred and total >= self.max_preferred:
+            return best or count
+        if now - oldest >= self.delay_ns:
+            return best or count
+        return 0
+
+    def _send(self, batches: list[tuple[ModelInstance, list[Ticket]]]) -> None:
+        for instance, batch in batches:
+            self._dispatch(instance, batch)
+
+    def _dispatch(self, instance: ModelInstance, batch: list[Ticket]) -> None:
+        """Writes a batch into its instance's pool as one chain and sends its Execute."""
+        process = instance.process
+        pool = process.pool
+        dispatched = time.monotonic_ns()
+        live: list[Ticket] = []
+        for ticket in batch:
+            try:
+                ticket.record = instance.write_request(process, ticket.tensors, ticket.requested, ticket.request_id,
+                                                       ticket.parameters, ticket.correlation_id, ticket.flags, None,
+                                                       ticket.timeout_us)
+            except InferenceError as e:
+                self._settle(ticket, e)
+                continue
+            ticket.instance, ticket.process, ticket.dispatched = instance, process, dispatched
+            live.append(ticket)
+        if not live:
+            self._release(instance)
+            return
+        records = [t.record for t in live]
+        size = sum(t.size for t in live)
+        try:
+            for record, following in zip(records, records[1:]):
+                _core.set_record_next(pool, record, following)
+            streams = [(record, process.stream_for(record)) for record in records] if self.decoupled else None
+            on_reply = functools.partial(self._executed, instance, process, live, streams)
+            process.submit(Command.EXECUTE_REQUEST, records[0], None, on_reply, True)
+        except (TimeoutError, _core.CoreError) as e:
+            for ticket in live:
+                if self.decoupled:
+                    process.forget_stream(ticket.record)
+                pool.free(ticket.record)
+                self._settle(ticket, InferenceError("UNAVAILABLE", f"cannot send the request to instance "
+                                                                   f"'{instance.name}': {e}"))
+            self._release(instance)
+            return
+        sent = time.monotonic_ns()
+        for ticket in live:
+            ticket.sent, ticket.batch_size = sent, size
+        live[0].first_in_batch = True
+        if streams is not None:  # the caller reads a decoupled request's responses as they come
+            for ticket, (record, stream) in zip(live, streams):
+                self._settle(ticket, RequestStream(instance, process, record, stream, sent))
+
+    def _executed(self, instance: ModelInstance, process: StubProcess, batch: list[Ticket],
+                  streams: list[tuple[int, ResponseStream]] | None, message: IPCMessage) -> None:
+        """A batch's Execute was answered (completion thread): its requests get their outcomes
+        and the instance takes the next batch."""
+        try:
+            if streams is not None:
+                instance.streams_executed(process, message, streams)
+            else:
+                for ticket, outcome in zip(batch, instance.outcomes(process, message, [t.record for t in batch],
+                                                                    batch[0].sent)):
+                    self._settle(ticket, outcome)
+        except Exception:  # noqa: BLE001  (a completion thread must survive, and the batch needs an end)
+            log.exception("instance '%s': reading the answer of a batch failed", instance.name)
+            for ticket in batch:
+                self._settle(ticket, InferenceError("INTERNAL", f"instance '{instance.name}' sent an answer that "
+                                                                "could not be read"))
+        self._release(instance)
+
+    def _release(self, instance: ModelInstance) -> None:
+        """The instance is free: it takes the next batch, if one can go."""
+        with self._lock:
+            self._free.append(instance)
+            batches = self._take_batches(time.monotonic_ns())
+        self._send(batches)
+
+    # ---- outcomes --------------------------------------------------------------------------------
+    def _settle(self, ticket: Ticket, outcome: ExecuteResult | ResponseStream | RequestStream | InferenceError) -> None:
+        """Hands a request its outcome (after the earlier ones, with preserve_ordering); the
+        outcome of a request its caller gave up on is dropped."""
+        with self._lock:
+            if ticket.state == SETTLED:
+                return
+            abandoned = ticket.state == ABANDONED
+            ticket.outcome = outcome
+            if not abandoned:
+                ticket.state = SETTLED
+            if self.preserve_ordering:
+                ticket.ordered = True
+                ready = self._in_order()
+            else:
+                ready = [] if abandoned else [ticket]
+        if abandoned:
+            self._drop(ticket)
+        for done in ready:
+            if done.state == SETTLED and done.wake is not None:
+                done.wake()
+
+    def _in_order(self) -> list[Ticket]:
+        """The settled requests at the front of the order (lock held)."""
+        ready = []
+        order = self._order
+        while order and order[0].ordered:
+            ready.append(order.popleft())
+        return ready
+
+    def _remove(self, ticket: Ticket) -> None:
+        """Takes a queued request out of its queue (lock held)."""
+        for level in self.levels:
+            for queue in (level.queue, level.delayed):
+                try:
+                    queue.remove(ticket)
+                except ValueError:
+                    continue
+                self._queued -= 1
+                if self.preserve_ordering:
+                    ticket.ordered = True
+                return
+
+    @staticmethod
+    def _drop(ticket: Ticket) -> None:
+        """Frees what an outcome nobody waits for holds."""
+        outcome = ticket.outcome
+        if isinstance(outcome, ResponseStream) and ticket.process is not None:
+            ModelInstance._leave(ticket.process, ticket.record, outcome)
+        elif isinstance(outcome, RequestStream):
+            outcome.close()
+
+    # ---- the timer -------------------------------------------------------------------------------
+    def _wake_timer(self) -> None:
+        """Makes sure the timer thread watches the queue (lock held)."""
+        if self._timer is None:
+            self._timer = threading.Thread(target=self._tick, name=f"stubhost-sched-{self.model_name}", daemon=True)
+            self._timer.start()
+        else:
+            self._wakeup.notify()
+
+    def _next_wake(self, now: int) -> float | None:
+        """Seconds until the timer has something to do (None: nothing queued; lock held)."""
+        if not self._queued:
+            return None
+        instants = []
+        if self._free:
+            if not any(i.state is InstanceState.READY for i in self._free):
+                instants.append(now + int(RESTART_POLL_S * 1e9))
+            elif self.delay_ns:
+                oldest = min((t.enqueued for t in self._ordered()), default=now)
+                instants.append(oldest + self.delay_ns)
+        if self.timeouts:
+            instants.extend(t.deadline for t in self._ordered() if t.deadline)
+        if not instants:
+            return None
+        return max(min(instants) - now, 0) / 1e9
+
+    def _tick(self) -> None:
+        """Timer thread: expires queue timeouts, ends queue delays, retries after restarts."""
+        while True:
+            with self._lock:
+                if self._stopped:
+                    return
+                wait = self._next_wake(time.monotonic_ns())
+                if wait is None or wait > 0:
+                    self._wakeup.wait(wait)
+                if self._stopped:
+                    return
+                now = time.monotonic_ns()
+                expired = self._expire(now) if self.timeouts else []
+                failed = self._fail_if_down()
+                batches = self._take_batches(now)
+            for ticket in expired:
+                self._settle(ticket, InferenceError("UNAVAILABLE", "Request timeout expired"))
+            for ticket in failed:
+                self._settle(ticket, InferenceError("UNAVAILABLE", f"Stub process '{self.instances[0].name}' is "
+                                                                   "not healthy."))
+            self._send(batches)
+
+    def _expire(self, now: int) -> list[Ticket]:
+        """Queued requests whose queue timeout ran out: rejected ones are returned (their
+        outcome is for the caller to set), delayed ones move behind their level (lock held)."""
+        rejected = []
+        for level in self.levels:
+            queue = level.queue
+            if not any(t.deadline and t.deadline <= now for t in queue):
+                continue
+            keep: deque[Ticket] = deque()
+            for ticket in queue:
+                if ticket.deadline and ticket.deadline <= now:
+                    ticket.deadline = 0
+                    if level.policy.delay:
+                        level.delayed.append(ticket)
+                    else:
+                        rejected.append(ticket)
+                        self._queued -= 1
+                else:
+                    keep.append(ticket)
+            level.queue = keep
+        return rejected
+
+    def _fail_if_down(self) -> list[Ticket]:
+        """Every queued request, when no instance can ever run them again (lock held)."""
+        if not self._queued or any(i.state in (InstanceState.READY, InstanceState.RESTARTING, InstanceState.STARTING)
+                                   for i in self.instances):
+            return []
+        failed = list(self._ordered())
+        for level in self.levels:
+            level.queue.clear()
+            level.delayed.clear()
+        self._queued = 0
+        return failed
+
+    def stop(self) -> None:
+        """Refuses new requests and fails the queued ones (the model is unloading)."""
+        with self._lock:
+            self._stopped = True
+            failed = list(self._ordered())
+            for level in self.levels:
+                level.queue.clear()
+                level.delayed.clear()
+            self._queued = 0
+            self._wakeup.notify_all()
+            timer = self._timer
+        for ticket in failed:
+            self._settle(ticket, InferenceError("UNAVAILABLE", f"model '{self.model_name}' is unloading"))
+        if timer is not None and timer is not threading.current_thread():
+            timer.join()
+
+    def queued(self) -> int:
+        """Requests waiting in the queue."""
+        return self._queued
+
+    # ---- waiting for an outcome --------------------------------------------------------------------
+    def wait(self, ticket: Ticket, timeout: float | None) -> ExecuteResult | RequestStream:
+        """Blocks until the request's outcome is in (raises its error); `timeout` bounds the wait,
+        and a request still running then is taken for a hung instance, as without a queue."""
+        done = threading.Event()
+        ticket.wake = done.set
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.submit(ticket)
+        if not done.wait(timeout):
+            self._gave_up(ticket, timeout)
+        outcome = ticket.outcome
+        if isinstance(outcome, ResponseStream):
+            assert ticket.instance is not None and ticket.process is not None
+            return ticket.instance.await_sender(ticket.process, ticket.record, outcome, ticket.sent, timeout, deadline)
+        return self._result(outcome)
+
+    async def wait_async(self, ticket: Ticket, timeout: float | None) -> ExecuteResult | RequestStream:
+        """``wait`` for a coroutine: no thread waits; cancelling it withdraws the request."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def wake() -> None:  # from the completion thread, or whoever settles the request
+            try:
+                loop.call_soon_threadsafe(_resolve, done)
+            except RuntimeError:
+                pass  # the caller's loop is closed: nobody is left to wake
+
+        ticket.wake = wake
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.submit(ticket)
+        try:
+            await asyncio.wait_for(done, timeout)
+        except asyncio.TimeoutError:
+            self._gave_up(ticket, timeout)
+        except asyncio.CancelledError:
+            self.withdraw(ticket)
+            raise
+        outcome = ticket.outcome
+        if isinstance(outcome, ResponseStream):
+            assert ticket.instance is not None and ticket.process is not None
+            return await ticket.instance.await_sender_async(ticket.process, ticket.record, outcome, ticket.sent,
+                                                            timeout, deadline)
+        return self._result(outcome)
+
+    def _gave_up(self, ticket: Ticket, timeout: float | None) -> None:
+        """The caller's timeout ran out: a queued request never runs; a running one is stuck,
+        so its instance is replaced. Raises the timeout error."""
+        state = self.withdraw(ticket, keep_settled=True)
+        if state == SETTLED:
+            return  # it came in just now
+        instance = ticket.instance
+        if state == DISPATCHED and instance is not None and ticket.process is instance.process:
+            instance.mark_hung()
+        raise InferenceError("UNAVAILABLE", f"Request timeout expired: model '{self.model_name}' did not answer "
+                                            f"within {timeout} s")
+
+    @staticmethod
+    def _result(outcome: Any) -> ExecuteResult | RequestStream:
+        if isinstance(outcome, InferenceError):
+            raise outcome
+        return outcome
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():  # the caller may have timed out or been cancelled meanwhile
+        future.set_result(None)
