@@ -34,7 +34,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from stubhost import _core
 from stubhost._core import Command, IPCMessage
@@ -163,9 +163,13 @@ class Scheduler:
         self._timer: threading.Thread | None = None
 
     # ---- the callers' side -----------------------------------------------------------------------
-    def submit(self, ticket: Ticket) -> None:
+    def submit(self, ticket: Ticket, own: bool = False) -> _Flight | None:
         """Queues a request (its ``wake`` set already) and dispatches what can go now. Raises
-        InferenceError UNAVAILABLE when its level's queue is full or the model is unloading."""
+        InferenceError UNAVAILABLE when its level's queue is full or the model is unloading.
+
+        With `own`, a batch that takes the request at once is sent without a completion
+        callback and returned: the calling thread waits for its reply itself and hands it to
+        ``_executed`` (one thread wake-up less than going through the completion thread)."""
         level = self.levels[self._level_index(ticket.priority)]
         with self._lock:
             if self._stopped:
@@ -180,7 +184,7 @@ class Scheduler:
             if self.preserve_ordering:
                 self._order.append(ticket)
             batches = self._take_batches(now)
-        self._send(batches)
+        return self._send(batches, ticket if own else None)
 
     def withdraw(self, ticket: Ticket, keep_settled: bool = False) -> int:
         """The caller gave up on a request (it timed out or was cancelled); returns the state it
@@ -216,7 +220,8 @@ class Scheduler:
         """The batches that go now, each with the free instance it goes to (lock held)."""
         batches = []
         while self._queued and self._free:
-            instance = next((i for i in self._free if i.state is InstanceState.READY), None)
+            # The instance freed last: its stub is the most likely to be awake still.
+            instance = next((i for i in reversed(self._free) if i.state is InstanceState.READY), None)
             if instance is None:
                 break
             count = self._batch_count(now)
@@ -258,12 +263,17 @@ class Scheduler:
             return best or count
         return 0
 
-    def _send(self, batches: list[tuple[ModelInstance, list[Ticket]]]) -> None:
+    def _send(self, batches: list[tuple[ModelInstance, list[Ticket]]], own: Ticket | None = None) -> _Flight | None:
+        flight = None
         for instance, batch in batches:
-            self._dispatch(instance, batch)
+            waited = own is not None and not self.decoupled and any(t is own for t in batch)
+            sent = self._dispatch(instance, batch, waited)
+            flight = sent if waited else flight
+        return flight
 
-    def _dispatch(self, instance: ModelInstance, batch: list[Ticket]) -> None:
-        """Writes a batch into its instance's pool as one chain and sends its Execute."""
+    def _dispatch(self, instance: ModelInstance, batch: list[Ticket], waited: bool = False) -> _Flight | None:
+        """Writes a batch into its instance's pool as one chain and sends its Execute; with
+        `waited`, without a completion callback, returning what the caller needs to wait."""
         process = instance.process
         pool = process.pool
         dispatched = time.monotonic_ns()
@@ -280,15 +290,15 @@ class Scheduler:
             live.append(ticket)
         if not live:
             self._release(instance)
-            return
+            return None
         records = [t.record for t in live]
         size = sum(t.size for t in live)
         try:
             for record, following in zip(records, records[1:]):
                 _core.set_record_next(pool, record, following)
             streams = [(record, process.stream_for(record)) for record in records] if self.decoupled else None
-            on_reply = functools.partial(self._executed, instance, process, live, streams)
-            process.submit(Command.EXECUTE_REQUEST, records[0], None, on_reply, True)
+            on_reply = None if waited else functools.partial(self._executed, instance, process, live, streams)
+            message = process.submit(Command.EXECUTE_REQUEST, records[0], None, on_reply, True)
         except (TimeoutError, _core.CoreError) as e:
             for ticket in live:
                 if self.decoupled:
@@ -297,7 +307,7 @@ class Scheduler:
                 self._settle(ticket, InferenceError("UNAVAILABLE", f"cannot send the request to instance "
                                                                    f"'{instance.name}': {e}"))
             self._release(instance)
-            return
+            return None
         sent = time.monotonic_ns()
         for ticket in live:
             ticket.sent, ticket.batch_size = sent, size
@@ -305,6 +315,7 @@ class Scheduler:
         if streams is not None:  # the caller reads a decoupled request's responses as they come
             for ticket, (record, stream) in zip(live, streams):
                 self._settle(ticket, RequestStream(instance, process, record, stream, sent))
+        return _Flight(instance, process, live, message) if waited else None
 
     def _executed(self, instance: ModelInstance, process: StubProcess, batch: list[Ticket],
                   streams: list[tuple[int, ResponseStream]] | None, message: IPCMessage) -> None:
@@ -492,8 +503,10 @@ class Scheduler:
         done = threading.Event()
         ticket.wake = done.set
         deadline = None if timeout is None else time.monotonic() + timeout
-        self.submit(ticket)
-        if not done.wait(timeout):
+        flight = self.submit(ticket, own=True)
+        if flight is not None:
+            self._wait_flight(flight, ticket, timeout)
+        if not done.wait(None if deadline is None else max(deadline - time.monotonic(), 0.0)):
             self._gave_up(ticket, timeout)
         outcome = ticket.outcome
         if isinstance(outcome, ResponseStream):
@@ -529,6 +542,20 @@ class Scheduler:
                                                             timeout, deadline)
         return self._result(outcome)
 
+    def _wait_flight(self, flight: _Flight, ticket: Ticket, timeout: float | None) -> None:
+        """Waits for the reply of a batch this thread sent and settles the batch. When `timeout`
+        runs out first, the instance is taken for hung and replaced (so the reply comes, as a
+        failure), and the timeout error is raised."""
+        if flight.process.wait(flight.message, timeout):
+            self._executed(flight.instance, flight.process, flight.batch, None, flight.message)
+            return
+        self.withdraw(ticket)
+        flight.instance.mark_hung()
+        flight.process.wait(flight.message, None)  # the dead stub's messages are failed at once
+        self._executed(flight.instance, flight.process, flight.batch, None, flight.message)
+        raise InferenceError("UNAVAILABLE", f"Request timeout expired: model '{self.model_name}' did not answer "
+                                            f"within {timeout} s")
+
     def _gave_up(self, ticket: Ticket, timeout: float | None) -> None:
         """The caller's timeout ran out: a queued request never runs; a running one is stuck,
         so its instance is replaced. Raises the timeout error."""
@@ -546,6 +573,15 @@ class Scheduler:
         if isinstance(outcome, InferenceError):
             raise outcome
         return outcome
+
+
+class _Flight(NamedTuple):
+    """A batch whose sender waits for its reply itself."""
+
+    instance: ModelInstance
+    process: StubProcess
+    batch: list[Ticket]
+    message: IPCMessage
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
