@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.host.repo_factory import config_pbtxt, io, write_model
+from tests.host.repo_factory import write_model
 from tests.host.test_scheduling import PROBE_PY, probe_config
 from tests.server.serve_process import ServeProcess
 
