@@ -1,7 +1,8 @@
 """Fixtures shared by the front-end test modules.
 
 A module that defines a module-scoped ``server`` fixture (a running ServeProcess) gets ``conns``
-(one open client per protocol, shared by the module) and ``conn`` (each test once per protocol).
+(one open client per protocol, shared by the module), ``conn`` (each test once per protocol) and
+``quiet_log`` (the test fails if the server logged an error or a traceback meanwhile).
 """
 
 from __future__ import annotations
@@ -25,3 +26,12 @@ def conns(server: ServeProcess) -> Iterator[dict[str, Conn]]:
 @pytest.fixture(params=PROTOCOLS)
 def conn(request: pytest.FixtureRequest, conns: dict[str, Conn]) -> Conn:
     return conns[request.param]
+
+
+@pytest.fixture
+def quiet_log(server: ServeProcess) -> Iterator[None]:
+    """Fails the test if the server logged an error or a traceback while it ran."""
+    before = len(server.log)
+    yield
+    added = server.log[before:]
+    assert "Traceback" not in added and " ERROR " not in added, added

@@ -128,15 +128,6 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         yield srv
 
 
-@pytest.fixture
-def quiet_log(server: ServeProcess):
-    """Fails the test if the server logged an error or a traceback while it ran."""
-    before = len(server.log)
-    yield
-    added = server.log[before:]
-    assert "Traceback" not in added and " ERROR " not in added, added
-
-
 # ---- gRPC helpers ----------------------------------------------------------------------------------
 class Collector:
     """A stream callback keeping every (result, error) it is given, in arrival order."""

@@ -301,7 +301,8 @@ class LoadedModel:
     def _route(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None, version: int,
                request_id: str, correlation_id: int | str,
                flags: int) -> tuple[ModelInstance, list[tuple[str, Any, int]], list[str | RegionDestination]]:
-        """Validates a request and picks its instance: its sequence's, or the least busy READY one."""
+        """Validates a request and picks its instance: its sequence's, or (a model with one
+        instance per version and no queue) that one."""
         group = self.versions[version]
         tensors = self.checker.check_inputs(inputs, request_id)
         requested = self.checker.check_outputs(outputs, request_id)

@@ -10,9 +10,11 @@ and a slow instance never holds up requests another instance could run.
 How a batch is formed (dynamic batching; without it every batch is one request):
 - requests are taken in priority order, oldest first, while their batch dimensions add up to at
   most ``max_batch_size`` (``max_batch_size: 0``: one request per batch);
-- a batch that reached ``max_batch_size`` or the largest preferred size goes at once;
-- otherwise the batch waits until its oldest request has waited ``max_queue_delay_microseconds``,
-  then goes cut at the largest preferred size it reached (whole when it reached none).
+- a batch that reached a preferred size goes at once, cut at the largest preferred size it
+  reached (or where it outgrew the largest one), unless its oldest request has waited
+  ``max_queue_delay_microseconds``: then it goes whole;
+- a batch that reached no preferred size goes whole once it outgrew the largest preferred size
+  or ``max_batch_size``, or once the delay ran out (at once when there is no delay).
 
 Queue policies: ``max_queue_size`` rejects with UNAVAILABLE "Exceeds maximum queue size"; a
 request whose queue timeout (``default_timeout_microseconds``, or the request's own ``timeout``
@@ -145,7 +147,7 @@ class Scheduler:
         batching = config.dynamic_batching
         self.delay_ns = int(batching.max_queue_delay_microseconds) * 1000 if self.batching else 0
         self.preferred = sorted(set(batching.preferred_batch_size)) if self.batching else []
-        self.max_preferred = self.preferred[-1] if self.preferred else 0
+        self.max_preferred = self.preferred[-1] if self.preferred else self.max_batch_size
         self.preserve_ordering = self.batching and bool(batching.preserve_ordering)
         levels = int(batching.priority_levels) if self.batching else 0
         self.default_level = int(batching.default_priority_level) if levels else 1
@@ -242,25 +244,33 @@ class Scheduler:
         return batches
 
     def _batch_count(self, now: int) -> int:
-        """How many queued requests form the next batch now (0: it should wait)."""
+        """How many queued requests form the next batch now (0: it should wait). Triton's rule:
+        a batch that reached a preferred size goes at once, cut at the largest one it reached
+        (or where it outgrew the largest), unless the queue delay ran out; otherwise it goes
+        whole once it outgrew the largest preferred size or ``max_batch_size``, or once the
+        delay ran out (at once without a delay)."""
         if not self.batching or self.max_batch_size == 0:
             return 1
         total = count = best = 0
         oldest = 0
+        full = False
         for ticket in self._ordered():
-            if count and total + ticket.size > self.max_batch_size:
-                break
-            oldest = oldest or ticket.enqueued
+            if count:
+                if not best and total + ticket.size > self.max_preferred:
+                    best = count  # it outgrows every preferred size here
+                if total + ticket.size > self.max_batch_size:
+                    full = True
+                    break
+            oldest = min(oldest, ticket.enqueued) if oldest else ticket.enqueued
             total += ticket.size
             count += 1
             if total in self.preferred:
                 best = count
-            if total >= self.max_batch_size:
-                return count
-        if self.max_preferred and total >= self.max_preferred:
-            return best or count
-        if now - oldest >= self.delay_ns:
-            return best or count
+        delay_over = bool(self.delay_ns) and now - oldest >= self.delay_ns
+        if best and not delay_over:
+            return best
+        if full or total >= self.max_preferred or delay_over or not self.delay_ns:
+            return count
         return 0
 
     def _send(self, batches: list[tuple[ModelInstance, list[Ticket]]], own: Ticket | None = None) -> _Flight | None:
@@ -311,7 +321,6 @@ class Scheduler:
         sent = time.monotonic_ns()
         for ticket in live:
             ticket.sent, ticket.batch_size = sent, size
-        live[0].first_in_batch = True
         if streams is not None:  # the caller reads a decoupled request's responses as they come
             for ticket, (record, stream) in zip(live, streams):
                 self._settle(ticket, RequestStream(instance, process, record, stream, sent))
@@ -325,8 +334,13 @@ class Scheduler:
             if streams is not None:
                 instance.streams_executed(process, message, streams)
             else:
-                for ticket, outcome in zip(batch, instance.outcomes(process, message, [t.record for t in batch],
-                                                                    batch[0].sent)):
+                outcomes = instance.outcomes(process, message, [t.record for t in batch], batch[0].sent)
+                # The batch's execution is counted with its first request that did not fail.
+                for ticket, outcome in zip(batch, outcomes):
+                    if not isinstance(outcome, InferenceError):
+                        ticket.first_in_batch = True
+                        break
+                for ticket, outcome in zip(batch, outcomes):
                     self._settle(ticket, outcome)
         except Exception:  # noqa: BLE001  (a completion thread must survive, and the batch needs an end)
             log.exception("instance '%s': reading the answer of a batch failed", instance.name)

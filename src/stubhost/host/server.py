@@ -262,8 +262,9 @@ class Server:
                                    flags: int = 0, priority: int = 0,
                                    request_timeout_us: int | None = None) -> InferResponse:
         """``infer_response`` for asyncio callers. ``request_timeout_us`` (a client's request
-        ``timeout`` parameter) is only shown to the model as ``request.timeout()``: unlike
-        ``timeout`` it never ends the call nor marks the instance hung."""
+        ``timeout`` parameter) is shown to the model as ``request.timeout()`` and, in a model
+        whose queue policy allows it, bounds the request's wait in the queue: unlike ``timeout``
+        it never ends a request that is executing nor marks the instance hung."""
         model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
         return await model.infer_async(inputs, outputs, model_version, params, request_id, timeout,
                                        correlation_id, flags, timeout_us=request_timeout_us, priority=priority)
