@@ -25,8 +25,10 @@ import uvicorn
 
 from stubhost.host.errors import InferenceError
 from stubhost.host.server import Server
+from stubhost.logs import UNESCAPED, add_log_arguments, configure_logging
 from stubhost.server.grpc_app import create_grpc_server
 from stubhost.server.http_app import DEFAULT_MAX_BODY, HttpFrontend
+from stubhost.server.backend_config import parse_backend_config
 from stubhost.server.metrics import MetricsApp
 from stubhost.server.restricted import Restrictions
 from stubhost.server.service import InferenceService
@@ -50,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve a model repository over KServe v2 HTTP and gRPC",
                                 allow_abbrev=False)
     serve.add_argument("--model-repository", "--model-store", action="append", required=True, metavar="DIR",
-                       help="the model repository (one for now)")
+                       help="a model repository (repeatable)")
     serve.add_argument("--host", default=None, metavar="ADDR",
                        help="address of every endpoint whose own --*-address is not given")
     for name, port in (("http", 8000), ("grpc", 8001), ("metrics", 8002)):
@@ -63,7 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="require metadata triton-grpc-protocol-KEY=VALUE for these groups")
     serve.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_BODY,
                        help="largest request body (HTTP) or message (gRPC) accepted")
-    serve.add_argument("--model-control-mode", choices=("none", "explicit"), default="none")
+    serve.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
+    serve.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECONDS",
+                       help="in poll mode, the time between two looks at the repositories")
+    serve.add_argument("--strict-readiness", type=_bool, default=True, metavar="BOOL",
+                       help="false: ready whenever live, even while models are not")
+    serve.add_argument("--model-load-thread-count", type=int, default=4, metavar="N",
+                       help="how many models load at once")
+    serve.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]KEY=VALUE",
+                       help="e.g. python,shm-default-byte-size=16777216 (see docs/frontends.md)")
+    for flag in (*IGNORED_FLAGS, *REFUSED_WHEN_TRUE):
+        serve.add_argument(flag, action="append", default=[], metavar="VALUE", help=argparse.SUPPRESS)
     serve.add_argument("--load-model", action="append", default=[], metavar="NAME",
                        help="in explicit mode, a model to load at start-up ('*': all)")
     serve.add_argument("--exit-on-error", type=_bool, default=True, metavar="BOOL",
@@ -73,12 +85,61 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--disable-auto-complete-config", action="store_true")
     serve.add_argument("--exit-timeout-secs", type=float, default=30.0,
                        help="how long in-flight requests may run after a stop is asked")
-    serve.add_argument("--log-verbose", type=int, default=0)
+    add_log_arguments(serve)  # tritonserver's --log-* flags
     return parser
 
 
+# tritonserver flags with no counterpart in stubhost: accepted, so that a launch script written
+# for tritonserver starts unchanged, and reported at start-up with the reason.
+IGNORED_FLAGS = {
+    "--id": "the server's name is 'stubhost'",
+    "--backend-directory": "the Python backend is built in",
+    "--repoagent-directory": "repository agents are not supported",
+    "--pinned-memory-pool-byte-size": "tensors cross in each stub's shared-memory pool",
+    "--cuda-memory-pool-byte-size": "GPU memory is not pooled",
+    "--min-supported-compute-capability": "no GPU backends",
+    "--response-cache-byte-size": "there is no response cache",
+    "--cache-config": "there is no response cache",
+    "--allow-cpu-metrics": "CPU metrics follow --allow-metrics",
+    "--allow-gpu-metrics": "there are no GPU metrics",
+    "--metrics-interval-ms": "metrics are read at each scrape",
+    "--metrics-config": "metric options are fixed",
+    "--http-thread-count": "HTTP runs on one event loop",
+    "--grpc-infer-allocation-pool-size": "responses are not pooled",
+    "--grpc-keepalive-time": "gRPC keepalive uses grpcio's defaults",
+    "--grpc-keepalive-timeout": "gRPC keepalive uses grpcio's defaults",
+    "--grpc-keepalive-permit-without-calls": "gRPC keepalive uses grpcio's defaults",
+    "--grpc-http2-max-pings-without-data": "gRPC keepalive uses grpcio's defaults",
+    "--grpc-http2-min-recv-ping-interval-without-data": "gRPC keepalive uses grpcio's defaults",
+    "--grpc-http2-max-ping-strikes": "gRPC keepalive uses grpcio's defaults",
+    "--grpc-infer-response-compression-level": "responses are compressed when the client asks",
+    "--reuse-http-port": "ports are bound once",
+    "--reuse-grpc-port": "ports are bound once",
+    "--trace-config": "tracing is not supported",
+    "--trace-file": "tracing is not supported",
+    "--trace-level": "tracing is not supported",
+    "--trace-rate": "tracing is not supported",
+    "--rate-limit": "the rate limiter is not supported",
+    "--rate-limit-resource": "the rate limiter is not supported",
+    "--buffer-manager-thread-count": "there is no buffer manager",
+    "--host-policy": "host policies are not supported",
+    "--model-load-retry-count": "a failed load is not retried",
+    "--enable-peer-access": "no GPU backends",
+    "--model-load-gpu-limit": "no GPU backends",
+    "--model-namespacing": "model names are one namespace",
+}
+# Flags that cannot be ignored safely: a true value would promise what is not done.
+REFUSED_WHEN_TRUE = ("--grpc-use-ssl", "--grpc-use-ssl-mutual")
+
+
+def _report_ignored(args: argparse.Namespace) -> None:
+    for flag, why in IGNORED_FLAGS.items():
+        for value in getattr(args, flag.lstrip("-").replace("-", "_")):
+            log.warning("%s=%s is accepted and has no effect: %s", flag, value, why)
+
+
 def _models_to_load(args: argparse.Namespace) -> list[str] | None:
-    if args.model_control_mode == "none":
+    if args.model_control_mode != "explicit":  # none and poll load every model of the repositories
         return None
     return None if "*" in args.load_model else list(args.load_model)
 
@@ -107,7 +168,7 @@ class _Uvicorn(uvicorn.Server):
 
 
 async def _start_asgi(app: Any, sock: socket.socket, args: argparse.Namespace) -> tuple[_Uvicorn, asyncio.Task[None]]:
-    config = uvicorn.Config(app, loop="none", http="httptools", lifespan="off", access_log=False,
+    config = uvicorn.Config(app, loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
                             log_level="warning", timeout_graceful_shutdown=args.exit_timeout_secs)
     server = _Uvicorn(config)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
@@ -129,7 +190,7 @@ def log_model_table(service: InferenceService) -> None:
     lines = [rule, "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |", rule]
     lines += ["| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |" for row in rows]
     lines.append(rule)
-    log.info("\n%s", "\n".join(lines))
+    log.info("\n%s", "\n".join(lines), extra=UNESCAPED)  # a table is written as is, as Triton does
 
 
 async def _serve(args: argparse.Namespace, service: InferenceService, sockets: dict[str, socket.socket],
@@ -171,14 +232,33 @@ async def _serve(args: argparse.Namespace, service: InferenceService, sockets: d
 
 def serve(args: argparse.Namespace) -> int:
     """Loads the repository, serves until SIGINT/SIGTERM, then shuts everything down."""
-    logging.basicConfig(level=logging.DEBUG if args.log_verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    if len(args.model_repository) != 1:
-        print("error: only one --model-repository is supported for now", file=sys.stderr)
-        return 2
-    if args.model_control_mode == "none" and args.load_model:
+    configure_logging(args)
+    if args.model_control_mode != "explicit" and args.load_model:
         print("error: --load-model needs --model-control-mode=explicit", file=sys.stderr)
         return 2
+    for flag in REFUSED_WHEN_TRUE:
+        try:
+            wanted = any(_bool(v) for v in getattr(args, flag.lstrip("-").replace("-", "_")))
+        except argparse.ArgumentTypeError as e:
+            print(f"error: {flag}: {e}", file=sys.stderr)
+            return 2
+        if wanted:
+            print(f"error: {flag}: TLS is not supported; put a TLS-terminating proxy in front", file=sys.stderr)
+            return 2
+    if args.model_control_mode == "poll" and not args.repository_poll_secs > 0:
+        print("error: --repository-poll-secs must be positive", file=sys.stderr)
+        return 2
+    if args.model_load_thread_count < 1:
+        print("error: --model-load-thread-count must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        backend = parse_backend_config(args.backend_config)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for line in backend.report:
+        log.info("%s", line)
+    _report_ignored(args)
     for name in ("http", "grpc", "metrics"):
         if getattr(args, f"{name}_address") is None:
             setattr(args, f"{name}_address", args.host or "0.0.0.0")
@@ -200,8 +280,10 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     auto_complete = not (args.disable_auto_complete_config or args.strict_model_config)
     try:
-        server = Server(args.model_repository[0], models=_models_to_load(args), exit_on_error=args.exit_on_error,
-                        auto_complete_config=auto_complete)
+        server = Server(args.model_repository, models=_models_to_load(args), exit_on_error=args.exit_on_error,
+                        auto_complete_config=auto_complete, load_threads=args.model_load_thread_count,
+                        stub_settings=backend.stub,
+                        poll_interval=args.repository_poll_secs if args.model_control_mode == "poll" else None)
     except (InferenceError, OSError, KeyboardInterrupt) as e:
         for sock in sockets.values():
             sock.close()
@@ -212,7 +294,8 @@ def serve(args: argparse.Namespace) -> int:
         print(f"error: creating server: {message}", file=sys.stderr)
         return 1
     server.allow_model_control = args.model_control_mode == "explicit"
-    service = InferenceService(server, model_control=server.allow_model_control)
+    service = InferenceService(server, model_control=server.allow_model_control,
+                               strict_readiness=args.strict_readiness)
     log_model_table(service)
     try:
         try:

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 REPOSITORY = Path(__file__).resolve().parents[2] / "examples" / "models"
-MODELS = ["add_sub", "auto_complete", "identity", "optional_inputs", "repeat", "string_upper"]
+MODELS = ["add_sub", "add_sub_twice", "auto_complete", "identity", "optional_inputs", "repeat", "string_upper"]
 NO_CONFIG = {"auto_complete"}  # configured by its auto_complete_config()
+ENSEMBLES = {"add_sub_twice"}  # platform "ensemble": steps over the other models, no model.py
 ALLOWED_THIRD_PARTY = {"numpy"}
 
 
@@ -29,7 +30,11 @@ def test_config_pbtxt(model: str) -> None:
         assert not config.exists(), f"{model} must have no config.pbtxt: it auto-completes its config"
         return
     text = config.read_text()
-    assert re.search(r'^backend:\s*"python"\s*$', text, re.M), f"{config}: no backend: \"python\""
+    if model in ENSEMBLES:
+        assert re.search(r'^platform:\s*"ensemble"\s*$', text, re.M), f"{config}: no platform: \"ensemble\""
+        assert not re.search(r"^backend:", text, re.M), f"{config}: an ensemble has no backend"
+    else:
+        assert re.search(r'^backend:\s*"python"\s*$', text, re.M), f"{config}: no backend: \"python\""
     assert re.search(rf'^name:\s*"{model}"\s*$', text, re.M), f"{config}: name is not {model!r}"
     body = re.sub(r'"[^"]*"|#.*', "", text)
     assert body.count("{") == body.count("}") and body.count("[") == body.count("]"), f"{config}: unbalanced"
@@ -39,6 +44,9 @@ def test_config_pbtxt(model: str) -> None:
 def test_model_py_compiles_and_imports_only_pb_utils(model: str, tmp_path: Path) -> None:
     versions = [p for p in (REPOSITORY / model).iterdir() if p.is_dir()]
     assert [p.name for p in versions] == ["1"], f"{model}: expected the single version folder 1/"
+    if model in ENSEMBLES:
+        assert not list(versions[0].glob("*.py")), f"{model}: an ensemble's version folder holds no model file"
+        return
     source = versions[0] / "model.py"
     py_compile.compile(str(source), cfile=str(tmp_path / "model.pyc"), doraise=True)
 

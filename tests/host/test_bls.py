@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -310,7 +311,8 @@ class TritonPythonModel:
             op, name = params["op"], params["name"]
             try:
                 if op == "load":
-                    pb_utils.load_model(model_name=name, config=params.get("config", ""))
+                    files = {k: v.encode() for k, v in params.get("files", {}).items()} or None
+                    pb_utils.load_model(model_name=name, config=params.get("config", ""), files=files)
                     text = "loaded"
                 elif op == "unload":
                     pb_utils.unload_model(name)
@@ -324,7 +326,7 @@ class TritonPythonModel:
 '''
 
 
-def control(server: stubhost.Server, op: str, name: str, **extra: str) -> str:
+def control(server: stubhost.Server, op: str, name: str, **extra: object) -> str:
     result = server.infer("controller", {"X": np.zeros(4, np.float32)}, parameters={"op": op, "name": name, **extra},
                           timeout=60)
     return result["TEXT"][0].decode()
@@ -334,6 +336,7 @@ def test_a_model_loads_unloads_and_probes_other_models(tmp_path: Path) -> None:
     repo = copy_examples(tmp_path / "models", "add_sub", "identity")
     write_model(repo, "controller", CONTROLLER_PY, config_pbtxt("controller", [io("X", "TYPE_FP32", [4])],
                                                                 [io("TEXT", "TYPE_STRING", [1])]))
+    overrides_before = set(Path(tempfile.gettempdir()).glob("stubhost-override-*"))
     with stubhost.Server(repo, models=["controller", "add_sub"]) as server:
         assert control(server, "ready", "add_sub") == "ready"
         assert control(server, "ready", "identity") == "not ready"
@@ -343,8 +346,23 @@ def test_a_model_loads_unloads_and_probes_other_models(tmp_path: Path) -> None:
         assert control(server, "unload", "add_sub") == "unloaded"
         assert not server.model_ready("add_sub")
         assert control(server, "load", "no_such_model").startswith("error: failed to load 'no_such_model'")
-        assert control(server, "load", "add_sub", config='{"max_batch_size": 0}') == (
-            "error: loading a model with an overriding config or files is not supported yet")
+        assert control(server, "load", "add_sub", config='{"max_batch_size": ').startswith(
+            "error: failed to load 'add_sub': the 'config' parameter is not valid JSON")
+        assert server.model_ready("identity")
+        config = server.model_config("identity")
+        config["instance_group"] = [{"name": "two", "count": 2, "kind": "KIND_CPU"}]
+        assert control(server, "load", "identity", config=json.dumps(config)) == "loaded"
+        assert [g["count"] for g in server.model_config("identity")["instance_group"]] == [2]
+        doubler = ("import triton_python_backend_utils as pb_utils\n"
+                   "class TritonPythonModel:\n"
+                   "    def execute(self, requests):\n"
+                   "        return [pb_utils.InferenceResponse([pb_utils.Tensor('OUTPUT0', 2 * pb_utils.get_input_tensor_"
+                   "by_name(r, 'INPUT0').as_numpy())]) for r in requests]\n")
+        assert control(server, "load", "identity", config=json.dumps(config), files={"file:1/model.py": doubler}) == "loaded"
+        np.testing.assert_array_equal(server.infer("identity", {"INPUT0": np.ones(2, np.float32)})["OUTPUT0"], [2, 2])
+        assert control(server, "load", "identity") == "loaded"  # back to the repository's files
+        np.testing.assert_array_equal(server.infer("identity", {"INPUT0": np.ones(2, np.float32)})["OUTPUT0"], [1, 1])
+        assert set(Path(tempfile.gettempdir()).glob("stubhost-override-*")) == overrides_before
         server.allow_model_control = False  # as `stubhost serve` without --model-control-mode explicit
         assert control(server, "unload", "identity") == (
             "error: explicit model load / unload is not allowed if polling is enabled")

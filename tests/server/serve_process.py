@@ -28,8 +28,10 @@ class ServeProcess:
     """A ``python -m stubhost serve`` child on 127.0.0.1 with ports chosen by the OS."""
 
     def __init__(self, repository: str | os.PathLike[str], *extra: str, env: dict[str, str] | None = None,
-                 start_timeout: float = 60.0, expect_start: bool = True) -> None:
+                 start_timeout: float = 60.0, expect_start: bool = True,
+                 command: Sequence[str] | None = None) -> None:
         self.repository = Path(repository)
+        self.command = command  # run instead of `python -m stubhost serve ...` (a launch script)
         self.extra: Sequence[str] = extra
         self.env = env
         self.start_timeout = start_timeout
@@ -70,6 +72,8 @@ class ServeProcess:
         cmd = [sys.executable, "-m", "stubhost", "serve", "--model-repository", str(self.repository),
                "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--http-port", "0",
                "--grpc-port", "0", "--metrics-port", "0", *self.extra]
+        if self.command is not None:
+            cmd = list(self.command)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env=self.env)
         self._reader = threading.Thread(target=self._read, daemon=True)

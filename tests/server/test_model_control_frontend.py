@@ -5,6 +5,7 @@ unloading never costs another model (or the unloaded model's own in-flight reque
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -180,3 +181,74 @@ def test_unload_lets_in_flight_requests_finish(conn: Conn, server: ServeProcess,
     assert "error" not in outcome, outcome.get("error")
     np.testing.assert_array_equal(outcome["result"].as_numpy("OUTPUT0"), np.ones(3, np.float32))
     assert not conn.client.is_model_ready("slow")
+
+
+DOUBLER_PY = b'''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x * 2)]))
+        return out
+'''
+
+
+def identity_config(conn: Conn, **changes: object) -> str:
+    """identity's configuration as the server reports it, with `changes`, as JSON text."""
+    config = conn.client.get_model_config("identity")
+    config = config if conn.protocol == "http" else proto_json(config)["config"]
+    config.update(changes)
+    return json.dumps(config)
+
+
+def test_load_with_an_overriding_config(conn: Conn):
+    """The "config" parameter replaces config.pbtxt: two instances instead of one; a later load
+    without it goes back to the repository's config."""
+    config = json.loads(identity_config(conn))
+    config["instance_group"] = [{"name": "override", "count": 2, "kind": "KIND_CPU"}]
+    conn.client.load_model("identity", config=json.dumps(config))
+    try:
+        reported = conn.client.get_model_config("identity")
+        reported = reported if conn.protocol == "http" else proto_json(reported)["config"]
+        assert [(g["name"], int(g["count"])) for g in reported["instance_group"]] == [("override", 2)]
+        x = np.arange(8, dtype=np.float32)
+        np.testing.assert_array_equal(identity(conn, x), x)
+    finally:
+        conn.client.load_model("identity")
+    reported = conn.client.get_model_config("identity")
+    reported = reported if conn.protocol == "http" else proto_json(reported)["config"]
+    assert [int(g["count"]) for g in reported["instance_group"]] == [1]
+
+
+def test_load_with_override_files(conn: Conn):
+    """"file:1/model.py" replaces the model's folder: a doubling model.py served under the name
+    'identity', until a plain load brings the repository's model back."""
+    conn.client.load_model("identity", config=identity_config(conn), files={"file:1/model.py": DOUBLER_PY})
+    try:
+        x = np.arange(8, dtype=np.float32)
+        np.testing.assert_array_equal(identity(conn, x), x * 2)
+    finally:
+        conn.client.load_model("identity")
+    np.testing.assert_array_equal(identity(conn, np.ones(3, np.float32)), np.ones(3, np.float32))
+
+
+@pytest.mark.parametrize("config, files, words", [
+    ("{not json", None, "not valid JSON"),
+    ('{"no_such_field": 1}', None, "no_such_field"),
+    (None, {"file:1/model.py": DOUBLER_PY}, "'config' parameter must be given"),
+    ("{}", {"file:../escape.py": b"x"}, "inside a version folder"),
+])
+def test_bad_overrides_are_refused_and_change_nothing(conn: Conn, config, files, words):
+    if config == "{}":
+        config = identity_config(conn)
+    kwargs = {"config": config} if config is not None else {}
+    error = error_of(conn.client.load_model, "identity", files=files, **kwargs)
+    assert words in error.message(), error.message()
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(identity(conn, x), x)
+    assert conn.client.is_server_ready()

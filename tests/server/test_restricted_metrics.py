@@ -87,21 +87,22 @@ def test_metrics_endpoint_counts_requests_with_tritons_names(server):
     client = httpclient.InferenceServerClient(server.http_url)
     url = f"http://127.0.0.1:{_metrics_port(server)}/metrics"
 
-    def counter(name: str) -> float:
+    def counter(name: str, reason: str = "") -> float:
         with urllib.request.urlopen(url, timeout=10) as reply:
             text = reply.read().decode()
         assert f"# TYPE {name} counter" in text
-        m = re.search(rf'^{name}{{model="add_sub",version="1"}} (\S+)$', text, re.M)
+        labels = f'model="add_sub",reason="{reason}",version="1"' if reason else 'model="add_sub",version="1"'
+        m = re.search(rf'^{name}{{{labels}}} (\S+)$', text, re.M)
         assert m, text
         return float(m.group(1))
 
-    before_ok, before_fail = counter("nv_inference_request_success"), counter("nv_inference_request_failure")
+    before_ok, before_fail = counter("nv_inference_request_success"), counter("nv_inference_request_failure", "OTHER")
     for _ in range(3):
         client.infer("add_sub", _add_sub_inputs(httpclient))
     with pytest.raises(InferenceServerException):
         client.infer("add_sub", _add_sub_inputs(httpclient)[:1])  # INPUT1 missing
     assert counter("nv_inference_request_success") == before_ok + 3
-    assert counter("nv_inference_request_failure") == before_fail + 1
+    assert counter("nv_inference_request_failure", "OTHER") == before_fail + 1  # refused by the input checks
     assert counter("nv_inference_compute_infer_duration_us") > 0
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(url.replace("/metrics", "/other"), timeout=10)

@@ -80,14 +80,19 @@ def test_stub_never_imports_the_host_layer(server: stubhost.Server) -> None:
     assert observe(server)["modules"] == []
 
 
-def test_model_print_reaches_the_log_with_the_instance_name(
+def test_model_print_reaches_the_log_as_one_record_per_print_with_the_instance(
         server: stubhost.Server, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="stubhost")
     observe(server, print="hello-from-print-93")
 
-    def lines() -> list[str]:
-        return [r.getMessage() for r in caplog.records if "hello-from-print-93" in r.getMessage()]
+    def records() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "hello-from-print-93" in r.getMessage()]
 
-    assert wait_until(lambda: len(lines()) >= 2, 5.0), lines()
-    assert all("env_0" in line for line in lines()), lines()
-    assert any(line.endswith("hello-from-print-93 on stderr") for line in lines())
+    assert wait_until(lambda: len(records()) >= 2, 5.0), [r.getMessage() for r in records()]
+    by_text = {r.getMessage(): r for r in records()}
+    assert set(by_text) == {"hello-from-print-93", "hello-from-print-93 on stderr"}
+    assert by_text["hello-from-print-93"].levelno == logging.INFO  # stdout
+    assert by_text["hello-from-print-93 on stderr"].levelno == logging.WARNING  # stderr
+    for record in records():
+        assert record.model_instance == "env_0"  # type: ignore[attr-defined]
+        assert record.filename == "model.py"  # the print() call's file and line

@@ -7,8 +7,10 @@ stub (or outside ``execute``) the call is refused with Triton's text.
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from stubhost.backend_utils.errors import TritonModelException
 
@@ -58,11 +60,19 @@ def caller() -> BlsCaller:
 
 
 def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
-    """Loads (or reloads) a model of the server's repository; the server must allow model control
-    (``--model-control-mode explicit``). A config or file override is not supported yet."""
-    if config or files:
-        raise TritonModelException("loading a model with an overriding config or files is not supported yet")
-    _caller.control({"op": "load", "name": str(model_name)})
+    """Loads (or reloads) a model; the server must allow model control
+    (``--model-control-mode explicit``). ``config`` (the model configuration as JSON text)
+    replaces its config.pbtxt; ``files`` (``{"file:1/model.py": b"..."}``) replace its whole
+    folder and need ``config``."""
+    request: dict[str, Any] = {"op": "load", "name": str(model_name)}
+    if config:
+        request["config"] = json.dumps(config) if isinstance(config, dict) else str(config)
+    if files:
+        if not isinstance(files, dict) or not all(isinstance(v, (bytes, bytearray, memoryview))
+                                                  for v in files.values()):
+            raise TritonModelException("files must be a dict mapping 'file:<version>/<path>' to the file's bytes")
+        request["files"] = {str(k): base64.b64encode(bytes(v)).decode("ascii") for k, v in files.items()}
+    _caller.control(request)
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:

@@ -204,8 +204,9 @@ def validate_ensemble(cfg: ModelConfig, check: Check) -> None:
     """Structural checks of an ensemble: the platform, no instance groups / optimization / warmup,
     and every step names a model and maps inputs and outputs, each ensemble tensor written once.
 
-    The data flow itself (every ensemble output reachable from the inputs) is not checked here:
-    stubhost does not run ensembles yet, and will check the wiring where it schedules them.
+    The data flow itself (every ensemble output reachable from the inputs, the maps naming real
+    tensors of the composing models) is checked when the ensemble loads, against the models as
+    loaded then (``stubhost.host.ensemble``).
     """
     name = check.model
     if cfg.platform != ENSEMBLE_PLATFORM:

@@ -12,6 +12,7 @@ slow target never holds up the responses the same stub streams meanwhile.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import threading
@@ -158,7 +159,14 @@ class BlsService:
                 if not server.allow_model_control:
                     raise InferenceError("UNAVAILABLE", "explicit model load / unload is not allowed if polling "
                                                         "is enabled")
-                (server.load if op == "load" else server.unload)(name)
+                if op == "load":
+                    files = payload.get("files") or {}
+                    if not isinstance(files, dict):
+                        raise InferenceError("INVALID_ARG", "malformed model control request: 'files' is not a map")
+                    server.load(name, config=payload.get("config") or None,
+                                files={str(k): base64.b64decode(str(v)) for k, v in files.items()} or None)
+                else:
+                    server.unload(name)
             else:
                 raise InferenceError("INVALID_ARG", f"unknown model control operation {op!r}")
             answer: dict[str, Any] = {"result": result}

@@ -26,7 +26,7 @@ from stubhost._core import Command, IPCMessage, RecordKind
 from stubhost.host.errors import InferenceError
 from stubhost.host.regions import RegionDestination, RegionTensor
 from stubhost.host.streams import ResponseStream, StreamItem
-from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
+from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess, StubSettings
 from stubhost.protocol import (
     REPLY_ERROR,
     REPLY_OK,
@@ -180,6 +180,7 @@ class InstanceSpec:
     finalize_timeout_s: float = 30.0
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     on_call: Callable[[StubProcess, IPCMessage], None] | None = None  # serves the stub's BLS calls
+    stub: StubSettings = field(default_factory=StubSettings)
 
     @property
     def decoupled(self) -> bool:
@@ -241,7 +242,8 @@ class ModelInstance:
         self._stopping = threading.Event()
         try:
             self.process = process if process is not None else StubProcess(spec.instance_name, python=spec.python,
-                                                                             env=spec.env, on_call=spec.on_call)
+                                                                             env=spec.env, settings=spec.stub,
+                                                                             on_call=spec.on_call)
         except OSError as e:
             raise load_error(spec, e) from None
 
@@ -308,7 +310,7 @@ class ModelInstance:
                 return
             try:
                 process = StubProcess(self.name, python=self.spec.python, env=self.spec.env,
-                                      on_call=self.spec.on_call)
+                                      settings=self.spec.stub, on_call=self.spec.on_call)
                 self._starting = process  # stop() kills it, so a hanging initialize cannot hold stop up
                 if self.state is not InstanceState.RESTARTING:
                     process.kill()

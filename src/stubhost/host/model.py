@@ -37,6 +37,8 @@ from stubhost.config import (
     validate_config,
 )
 from stubhost.config.model_config_pb2 import ModelInstanceGroup
+from stubhost.config.defaults import ENSEMBLE_PLATFORM
+from stubhost.host.ensemble import EnsembleModel, ModelLookup
 from stubhost.host.errors import InferenceError
 from stubhost.host.inputs import RequestChecker
 from stubhost.host.instance import (
@@ -54,8 +56,8 @@ from stubhost.host.regions import RegionDestination
 from stubhost.host.result import InferResponse
 from stubhost.host.scheduler import Scheduler, Ticket
 from stubhost.host.sequences import SequenceRouter
-from stubhost.host.stats import ModelStatistics
-from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
+from stubhost.host.stats import BACKEND, CANCELED, OTHER, ModelStatistics
+from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess, StubSettings
 from stubhost.protocol import write_payload
 
 log = logging.getLogger("stubhost")
@@ -75,6 +77,8 @@ class LoadOptions:
     finalize_timeout_s: float = 30.0
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     on_call: Callable[[StubProcess, IPCMessage], None] | None = None  # serves stubs' BLS calls
+    lookup: ModelLookup | None = None  # the server's loaded models by name (ensembles run them)
+    stub: StubSettings = field(default_factory=StubSettings)
 
     def stub_env(self, python: str | None) -> dict[str, str]:
         """The server's environment for a stub run by `python` (None: this interpreter).
@@ -105,6 +109,19 @@ def _package_link_dir() -> str:
     return _package_link
 
 
+def _load_ensemble(model_dir: ModelDir, cfg: ModelConfig, source: str, options: LoadOptions) -> EnsembleModel:
+    """An ensemble: no stub of its own; its steps run the server's loaded models."""
+    fill_defaults(cfg, model_dir.name)
+    validate_config(cfg, model_dir_name=model_dir.name, source=source)
+    versions = select_versions(cfg, model_dir.versions)
+    if not versions:
+        raise ConfigError(source, f"at least one version must be available under the version policy of "
+                                  f"model '{model_dir.name}'")
+    if options.lookup is None:
+        raise InferenceError("INVALID_ARG", f"ensemble '{model_dir.name}' can only be loaded by a server")
+    return EnsembleModel.load(model_dir, cfg, versions, options.lookup)
+
+
 def _auto_complete(process: StubProcess, cfg: ModelConfig, file: Path, model_dir: ModelDir, source: str,
                    timeout: float) -> ModelConfig:
     payload = {"model_file": str(file), "model_dir": str(model_dir.path), "config": config_to_dict(cfg)}
@@ -112,6 +129,22 @@ def _auto_complete(process: StubProcess, cfg: ModelConfig, file: Path, model_dir
     if not isinstance(reply, dict) or "config" not in reply:
         raise StubCallError("auto_complete_config answered without a configuration")
     return config_from_dict(reply["config"], source)
+
+
+_CALLER_TIMEOUT = "Request timeout expired:"  # how instance.py and _StreamTally word a caller's timeout
+
+
+def _failure_reason(stage: Ticket | str, error: BaseException) -> str:
+    """The failure reason (stats.py) of a request that failed with `error` at `stage`: OTHER
+    before it reached a queue or an instance, the reason its queue gave it (a Ticket), BACKEND
+    once an instance had it. A cancelled call, or one whose caller's own timeout ran out while
+    an instance had it, is CANCELED."""
+    if isinstance(error, asyncio.CancelledError):
+        return CANCELED
+    reason = stage.failure if isinstance(stage, Ticket) else stage
+    if reason == BACKEND and isinstance(error, InferenceError) and error.message.startswith(_CALLER_TIMEOUT):
+        return CANCELED
+    return reason
 
 
 class _StreamTally:
@@ -130,6 +163,7 @@ class _StreamTally:
         self.first: StreamItem | None = None
         self.last: StreamItem | None = None
         self.failed = False
+        self.reason = BACKEND  # of a failure: the model's error, or CANCELED when the timeout ran out
         self.done = False
 
     def remaining(self) -> float | None:
@@ -139,7 +173,7 @@ class _StreamTally:
     def take(self, item: StreamItem | None) -> InferResponse:
         """The response an item carries (None: the timeout ran out, which raises)."""
         if item is None:
-            self.failed = True
+            self.failed, self.reason = True, CANCELED
             raise InferenceError("UNAVAILABLE", f"Request timeout expired: model '{self.model.name}' did not "
                                                 f"complete the request within {self.timeout} s")
         self.first, self.last = self.first or item, item
@@ -148,12 +182,14 @@ class _StreamTally:
         return self.model._stream_response(self.version, item, self.request_id)
 
     def close(self, stream: RequestStream) -> None:
-        """The consumer is done (a request still open is cancelled); statistics are recorded
-        for a request that ended or failed."""
+        """The consumer is done (a request still open is cancelled); statistics are recorded:
+        a request left before its end counts as a CANCELED failure."""
         stream.close()
         if self.failed or (self.last is not None and self.last.final):
             self.model._record_stream(self.version, self.tensors, self.begin, stream.sent, self.first, self.last,
-                                      self.failed)
+                                      self.failed, self.reason)
+        else:
+            self.model.stats.record_failure(self.version, self.begin, time.monotonic_ns(), CANCELED)
 
 
 class LoadedModel:
@@ -181,16 +217,25 @@ class LoadedModel:
 
     # ---- loading ---------------------------------------------------------------------------------
     @classmethod
-    def load(cls, model_dir: ModelDir, options: LoadOptions) -> LoadedModel:
-        """Loads every selected version; raises InferenceError naming what failed."""
+    def load(cls, model_dir: ModelDir, options: LoadOptions,
+             config: ModelConfig | None = None) -> LoadedModel | EnsembleModel:
+        """Loads every selected version; raises InferenceError naming what failed. ``config``
+        replaces the folder's config.pbtxt (a load request's "config" override)."""
         name = model_dir.name
-        source = str(model_dir.config_path or model_dir.path / "config.pbtxt")
+        source = "the overriding config" if config is not None else str(model_dir.config_path or
+                                                                           model_dir.path / "config.pbtxt")
         try:
-            cfg = load_config_file(model_dir.config_path) if model_dir.config_path else ModelConfig()
+            if config is not None:
+                cfg = ModelConfig()
+                cfg.CopyFrom(config)
+            else:
+                cfg = load_config_file(model_dir.config_path) if model_dir.config_path else ModelConfig()
             versions = select_versions(cfg, model_dir.versions)
             if not versions:
                 raise ConfigError(source, f"at least one version must be available under the version policy of "
                                           f"model '{name}'")
+            if cfg.platform == ENSEMBLE_PLATFORM:
+                return _load_ensemble(model_dir, cfg, source, options)
             first_file = model_file(model_dir, versions[-1], cfg)
         except (ConfigError, ValueError) as e:
             raise InferenceError("INVALID_ARG", str(e)) from None
@@ -198,7 +243,8 @@ class LoadedModel:
         python = python or options.python
         env = options.stub_env(python)
         try:
-            first = StubProcess(f"{name}_0_0", python=python, env=env, on_call=options.on_call)
+            first = StubProcess(f"{name}_0_0", python=python, env=env, settings=options.stub,
+                                on_call=options.on_call)
         except OSError as e:
             raise InferenceError("INTERNAL", f"failed to load '{name}': cannot start its stub: {e}") from None
         try:
@@ -241,7 +287,7 @@ class LoadedModel:
                         device_id=0, model_file=file, model_dir=str(model_dir.path), config=config_dict,
                         python=python, env=env, init_timeout_s=options.init_timeout_s,
                         finalize_timeout_s=options.finalize_timeout_s, restart=options.restart,
-                        on_call=options.on_call))
+                        on_call=options.on_call, stub=options.stub))
         return specs
 
     @classmethod
@@ -362,23 +408,23 @@ class LoadedModel:
             raise self._unsupported_decoupled()
         begin = time.monotonic_ns()
         version: int | None = None
+        stage: Ticket | str = OTHER  # where it is, for the reason of a failure
         try:
             version = self.resolve_version(model_version)
             scheduler = self.schedulers.get(version)
             if scheduler is not None:
-                ticket = self._ticket(inputs, outputs, parameters, request_id, correlation_id, flags, timeout_us,
-                                      priority, begin)
+                ticket = stage = self._ticket(inputs, outputs, parameters, request_id, correlation_id, flags,
+                                              timeout_us, priority, begin)
                 queued = scheduler.wait(ticket, timeout)
                 return self._response(version, ticket.tensors, queued, begin, request_id,  # type: ignore[arg-type]
                                       ticket)
             instance, tensors, requested = self._route(inputs, outputs, version, request_id, correlation_id, flags)
+            stage = BACKEND
             result = instance.execute(tensors, requested, request_id, parameters, correlation_id, flags, timeout,
                                       timeout_us=timeout_us)
             return self._response(version, tensors, result, begin, request_id)
-        except InferenceError:
-            if version is not None:  # a request for an unknown version has no statistics to count in
-                # (a request the model's checks refused counts as failed, as in Triton)
-                self.stats.record_failure(version, begin, time.monotonic_ns())
+        except InferenceError as e:
+            self._failed(version, begin, stage, e)
             raise
 
     async def infer_async(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None, model_version: str | int,
@@ -389,24 +435,31 @@ class LoadedModel:
             raise self._unsupported_decoupled()
         begin = time.monotonic_ns()
         version: int | None = None
+        stage: Ticket | str = OTHER  # where it is, for the reason of a failure
         try:
             version = self.resolve_version(model_version)
             scheduler = self.schedulers.get(version)
             if scheduler is not None:
-                ticket = self._ticket(inputs, outputs, parameters, request_id, correlation_id, flags, timeout_us,
-                                      priority, begin)
+                ticket = stage = self._ticket(inputs, outputs, parameters, request_id, correlation_id, flags,
+                                              timeout_us, priority, begin)
                 queued = await scheduler.wait_async(ticket, timeout)
                 return self._response(version, ticket.tensors, queued, begin, request_id,  # type: ignore[arg-type]
                                       ticket)
             instance, tensors, requested = self._route(inputs, outputs, version, request_id, correlation_id, flags)
+            stage = BACKEND
             result = await instance.execute_async(tensors, requested, request_id, parameters, correlation_id, flags,
                                                   timeout, timeout_us=timeout_us)
             return self._response(version, tensors, result, begin, request_id)
-        except InferenceError:
-            if version is not None:  # a request for an unknown version has no statistics to count in
-                # (a request the model's checks refused counts as failed, as in Triton)
-                self.stats.record_failure(version, begin, time.monotonic_ns())
+        except (InferenceError, asyncio.CancelledError) as e:
+            self._failed(version, begin, stage, e)
             raise
+
+    def _failed(self, version: int | None, begin: int, stage: Ticket | str, error: BaseException) -> None:
+        """Counts a failed request, with its reason (``_failure_reason``). A request for an
+        unknown version has no statistics to count in; one the model's checks refused counts
+        (as in Triton)."""
+        if version is not None:
+            self.stats.record_failure(version, begin, time.monotonic_ns(), _failure_reason(stage, error))
 
     # ---- streams ---------------------------------------------------------------------------------
     def _unsupported_decoupled(self) -> InferenceError:
@@ -427,10 +480,10 @@ class LoadedModel:
         return InferResponse(outputs, parameters, version, final=item.final)
 
     def _record_stream(self, version: int, tensors: list[tuple[str, Any, int]], begin: int, sent: int,
-                       first: StreamItem | None, last: StreamItem | None, failed: bool) -> None:
+                       first: StreamItem | None, last: StreamItem | None, failed: bool, reason: str) -> None:
         now = time.monotonic_ns()
         if failed or first is None or last is None:
-            self.stats.record_failure(version, begin, now)
+            self.stats.record_failure(version, begin, now, reason if failed else BACKEND)
             return
         batch = int(tensors[0][1].shape[0]) if self.config.max_batch_size > 0 and tensors else 1
         self.stats.record_success(version, batch, begin, sent, first.exec_start, last.exec_end, now)
@@ -447,21 +500,23 @@ class LoadedModel:
             return
         begin = time.monotonic_ns()
         version = self.resolve_version(model_version)
+        stage: Ticket | str = OTHER  # where it is, for the reason of a failure
         try:
             scheduler = self.schedulers.get(version)
             if scheduler is not None:
-                ticket = self._ticket(inputs, outputs, parameters, request_id, correlation_id, flags, timeout_us,
-                                      priority, begin)
+                ticket = stage = self._ticket(inputs, outputs, parameters, request_id, correlation_id, flags,
+                                              timeout_us, priority, begin)
                 tally = _StreamTally(self, version, ticket.tensors, begin, request_id, timeout)
                 stream: RequestStream = scheduler.wait(ticket, tally.remaining())  # type: ignore[assignment]
             else:
                 instance, tensors, requested = self._route(inputs, outputs, version, request_id, correlation_id,
                                                            flags)
                 tally = _StreamTally(self, version, tensors, begin, request_id, timeout)
+                stage = BACKEND
                 stream = instance.open_stream(tensors, requested, request_id, parameters, correlation_id, flags,
                                               timeout_us)
-        except InferenceError:
-            self.stats.record_failure(version, begin, time.monotonic_ns())
+        except InferenceError as e:
+            self._failed(version, begin, stage, e)
             raise
         try:
             while not tally.done:
@@ -480,24 +535,26 @@ class LoadedModel:
             return
         begin = time.monotonic_ns()
         version = self.resolve_version(model_version)
+        stage: Ticket | str = OTHER  # where it is, for the reason of a failure
         try:
             scheduler = self.schedulers.get(version)
             if scheduler is not None:
-                ticket = self._ticket(inputs, outputs, parameters, request_id, correlation_id, flags, timeout_us,
-                                      priority, begin)
+                ticket = stage = self._ticket(inputs, outputs, parameters, request_id, correlation_id, flags,
+                                              timeout_us, priority, begin)
                 tally = _StreamTally(self, version, ticket.tensors, begin, request_id, timeout)
                 stream: RequestStream = await scheduler.wait_async(ticket, tally.remaining())  # type: ignore[assignment]
             else:
                 instance, tensors, requested = self._route(inputs, outputs, version, request_id, correlation_id,
                                                            flags)
                 tally = _StreamTally(self, version, tensors, begin, request_id, timeout)
+                stage = BACKEND
                 process = instance.process
                 if instance.state is not InstanceState.READY:
                     process = await asyncio.get_running_loop().run_in_executor(None, instance._wait_ready, timeout)
                 stream = instance.open_stream(tensors, requested, request_id, parameters, correlation_id, flags,
                                               timeout_us, process)
-        except InferenceError:
-            self.stats.record_failure(version, begin, time.monotonic_ns())
+        except (InferenceError, asyncio.CancelledError) as e:
+            self._failed(version, begin, stage, e)
             raise
         try:
             while not tally.done:
@@ -509,6 +566,15 @@ class LoadedModel:
         """Triton's ``model_stats`` entries: one per loaded version, or the one asked for."""
         versions = sorted(self.versions) if version in ("", None) else [self.resolve_version(version)]
         return self.stats.snapshot(self.name, versions)
+
+    def pending(self, version: int) -> int:
+        """Triton's pending request count of a version: requests it received that no instance
+        runs yet. Read when asked, so that requests pay nothing for it: the requests in the
+        version's queue, or (no queue) the Executes each stub holds beyond the one it runs."""
+        scheduler = self.schedulers.get(version)
+        if scheduler is not None:
+            return scheduler.queued()
+        return sum(max(len(inst.process.inflight) - 1, 0) for inst in self.versions.get(version, ()))
 
     def check_health(self) -> None:
         """One health-monitor pass over the instances."""

@@ -12,11 +12,14 @@ caller's step (``stubhost.config``).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-from stubhost.config import ConfigError, ModelConfig
-from stubhost.config.defaults import DEFAULT_MODEL_FILENAME
+from stubhost.config import ConfigError, ModelConfig, load_config_file
+from stubhost.config.defaults import DEFAULT_MODEL_FILENAME, ENSEMBLE_PLATFORM
 from stubhost.config.validate import is_plain_file_name
 
 CONFIG_FILENAME = "config.pbtxt"
@@ -65,6 +68,98 @@ def scan_repository(path: str | os.PathLike[str]) -> dict[str, ModelDir]:
             versions=_versions(entry),
         )
     return models
+
+
+def scan_repositories(paths: Iterable[str | os.PathLike[str]]) -> tuple[dict[str, ModelDir], dict[str, str]]:
+    """The models of several repositories, by name, and the names that cannot be served because
+    more than one repository holds them (name -> why), as Triton refuses such duplicates."""
+    models: dict[str, ModelDir] = {}
+    duplicates: dict[str, str] = {}
+    for path in paths:
+        for name, found in scan_repository(path).items():
+            if name in models:
+                duplicates[name] = (f"failed to load '{name}': the model appears in more than one model "
+                                    f"repository ('{models[name].path.parent}' and '{found.path.parent}')")
+            else:
+                models[name] = found
+    for name in duplicates:
+        del models[name]
+    return models, duplicates
+
+
+def fingerprint(model_dir: ModelDir) -> tuple[tuple[str, int, int], ...]:
+    """What poll mode compares to see that a model changed: every file's relative path, size and
+    modification time (hidden entries skipped, as scanning skips them)."""
+    entries: list[tuple[str, int, int]] = []
+    for root, dirs, files in os.walk(model_dir.path, followlinks=True):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+        for name in files:
+            if name.startswith("."):
+                continue
+            full = os.path.join(root, name)
+            try:
+                info = os.stat(full)
+            except OSError:  # removed while walking: the next poll sees the settled tree
+                continue
+            entries.append((os.path.relpath(full, model_dir.path), info.st_size, info.st_mtime_ns))
+    return tuple(sorted(entries))
+
+
+def ensemble_dependencies(model_dir: ModelDir, config: ModelConfig | None = None) -> list[str]:
+    """The models an ensemble's steps run (none for a model that is not an ensemble, or whose
+    config.pbtxt cannot be read: loading it reports that). ``config`` overrides the file."""
+    if config is None:
+        if model_dir.config_path is None:
+            return []
+        try:
+            config = load_config_file(model_dir.config_path)
+        except (ConfigError, OSError):
+            return []
+    if config.platform != ENSEMBLE_PLATFORM:
+        return []
+    return list(dict.fromkeys(step.model_name for step in config.ensemble_scheduling.step))
+
+
+FILE_PARAMETER_PREFIX = "file:"
+
+
+def override_directory(name: str, files: Mapping[str, bytes]) -> ModelDir:
+    """A temporary model folder holding exactly the override files of a load request.
+
+    Keys are Triton's ``file:<version>/<path>`` parameter names; a path that is absolute, climbs
+    out with "..", or is not inside a version folder is refused. The caller removes the folder
+    (``remove_override_directory``) when the model it served is gone.
+    """
+    root = Path(tempfile.mkdtemp(prefix="stubhost-override-"))
+    folder = root / name
+    try:
+        folder.mkdir()
+        for key, content in files.items():
+            relative = _override_path(key)
+            target = folder.joinpath(*relative.parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return ModelDir(name=name, path=folder, config_path=None, versions=_versions(folder))
+
+
+def _override_path(key: str) -> PurePosixPath:
+    if not key.startswith(FILE_PARAMETER_PREFIX):
+        raise ValueError(f"unexpected load parameter '{key}': override files are named 'file:<version>/<path>'")
+    relative = PurePosixPath(key[len(FILE_PARAMETER_PREFIX):])
+    if relative.is_absolute() or ".." in relative.parts or len(relative.parts) < 2 or "\\" in str(relative):
+        raise ValueError(f"invalid override file '{key}': the path must lie inside a version folder of the model, "
+                         f"as in 'file:1/model.py'")
+    return relative
+
+
+def remove_override_directory(model_dir: ModelDir) -> None:
+    """Removes a folder made by ``override_directory`` (and the temporary folder around it)."""
+    root = model_dir.path.parent
+    if root.name.startswith("stubhost-override-"):
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _versions(model_path: Path) -> tuple[int, ...]:

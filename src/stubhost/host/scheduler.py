@@ -21,6 +21,9 @@ request whose queue timeout (``default_timeout_microseconds``, or the request's 
 when ``allow_timeout_override``) runs out while queued is rejected with UNAVAILABLE "Request
 timeout expired", or with ``timeout_action: DELAY`` moved behind the requests of its level that
 did not time out. ``preserve_ordering`` hands the responses back in the order the requests came.
+A request this scheduler fails carries its failure reason (stats.py) in ``Ticket.failure``: the
+queue policies' refusals are REJECTED, a caller's own timeout CANCELED, unloading OTHER, and the
+rest (the model's errors, a stub that is gone or cannot take the request) BACKEND.
 
 Threads: whoever submits a request or completes a batch dispatches what can go now (no extra
 thread hop on the hot path); one timer thread per scheduler wakes for queue delays, queue
@@ -45,6 +48,7 @@ from stubhost.config.model_config_pb2 import ModelQueuePolicy
 from stubhost.host.errors import InferenceError
 from stubhost.host.instance import ExecuteResult, InstanceState, ModelInstance, RequestStream
 from stubhost.host.regions import RegionDestination
+from stubhost.host.stats import BACKEND, CANCELED, OTHER, REJECTED
 from stubhost.host.streams import ResponseStream
 from stubhost.host.stub_process import StubProcess
 
@@ -98,7 +102,7 @@ class Ticket:
 
     __slots__ = ("tensors", "requested", "request_id", "parameters", "correlation_id", "flags", "timeout_us",
                  "size", "priority", "begin", "enqueued", "deadline", "state", "instance", "process", "record",
-                 "dispatched", "sent", "batch_size", "first_in_batch", "outcome", "wake", "ordered")
+                 "dispatched", "sent", "batch_size", "first_in_batch", "outcome", "wake", "ordered", "failure")
 
     def __init__(self, tensors: list[tuple[str, Any, int]], requested: Sequence[str | RegionDestination],
                  request_id: str, parameters: str, correlation_id: int | str, flags: int,
@@ -126,6 +130,7 @@ class Ticket:
         self.outcome: ExecuteResult | ResponseStream | RequestStream | InferenceError | None = None
         self.wake: Callable[[], None] | None = None
         self.ordered = False        # settled, waiting for earlier requests (preserve_ordering)
+        self.failure = BACKEND      # the failure reason (stats.py) of an error this scheduler gives it
 
     def compute_input_end(self) -> int:
         """The instant that splits the request's time before its batch ran into compute_input
@@ -175,8 +180,10 @@ class Scheduler:
         level = self.levels[self._level_index(ticket.priority)]
         with self._lock:
             if self._stopped:
+                ticket.failure = OTHER
                 raise InferenceError("UNAVAILABLE", f"model '{self.model_name}' is unloading")
             if level.policy.max_size and len(level) >= level.policy.max_size:
+                ticket.failure = REJECTED
                 raise InferenceError("UNAVAILABLE", "Exceeds maximum queue size")
             ticket.enqueued = now = time.monotonic_ns()
             if self.timeouts:
@@ -357,16 +364,20 @@ class Scheduler:
         self._send(batches)
 
     # ---- outcomes --------------------------------------------------------------------------------
-    def _settle(self, ticket: Ticket, outcome: ExecuteResult | ResponseStream | RequestStream | InferenceError) -> None:
+    def _settle(self, ticket: Ticket, outcome: ExecuteResult | ResponseStream | RequestStream | InferenceError,
+                reason: str = BACKEND) -> None:
         """Hands a request its outcome (after the earlier ones, with preserve_ordering); the
-        outcome of a request its caller gave up on is dropped."""
+        outcome of a request its caller gave up on is dropped. `reason` is the failure reason
+        of an error outcome."""
         with self._lock:
             if ticket.state == SETTLED:
                 return
             abandoned = ticket.state == ABANDONED
             ticket.outcome = outcome
-            if not abandoned:
+            if not abandoned:  # (an abandoned one keeps the reason its caller gave it)
                 ticket.state = SETTLED
+                if isinstance(outcome, InferenceError):
+                    ticket.failure = reason
             if self.preserve_ordering:
                 ticket.ordered = True
                 ready = self._in_order()
@@ -450,7 +461,7 @@ class Scheduler:
                 failed = self._fail_if_down()
                 batches = self._take_batches(now)
             for ticket in expired:
-                self._settle(ticket, InferenceError("UNAVAILABLE", "Request timeout expired"))
+                self._settle(ticket, InferenceError("UNAVAILABLE", "Request timeout expired"), REJECTED)
             for ticket in failed:
                 self._settle(ticket, InferenceError("UNAVAILABLE", f"Stub process '{self.instances[0].name}' is "
                                                                    "not healthy."))
@@ -502,7 +513,7 @@ class Scheduler:
             self._wakeup.notify_all()
             timer = self._timer
         for ticket in failed:
-            self._settle(ticket, InferenceError("UNAVAILABLE", f"model '{self.model_name}' is unloading"))
+            self._settle(ticket, InferenceError("UNAVAILABLE", f"model '{self.model_name}' is unloading"), OTHER)
         if timer is not None and timer is not threading.current_thread():
             timer.join()
 
@@ -567,6 +578,7 @@ class Scheduler:
         flight.instance.mark_hung()
         flight.process.wait(flight.message, None)  # the dead stub's messages are failed at once
         self._executed(flight.instance, flight.process, flight.batch, None, flight.message)
+        ticket.failure = CANCELED  # its caller gave up on it
         raise InferenceError("UNAVAILABLE", f"Request timeout expired: model '{self.model_name}' did not answer "
                                             f"within {timeout} s")
 
@@ -579,6 +591,7 @@ class Scheduler:
         instance = ticket.instance
         if state == DISPATCHED and instance is not None and ticket.process is instance.process:
             instance.mark_hung()
+        ticket.failure = CANCELED  # its caller gave up on it
         raise InferenceError("UNAVAILABLE", f"Request timeout expired: model '{self.model_name}' did not answer "
                                             f"within {timeout} s")
 

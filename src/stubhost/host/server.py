@@ -23,7 +23,7 @@ import os
 import signal
 import threading
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,9 +37,18 @@ from stubhost.host.custom_metrics import CustomMetrics
 from stubhost.host.errors import InferenceError
 from stubhost.host.instance import RestartPolicy
 from stubhost.host.model import LoadedModel, LoadOptions
-from stubhost.host.repository import scan_repository
+from stubhost.config import ConfigError, ModelConfig, config_from_dict
+from stubhost.host.repository import (
+    ModelDir,
+    ensemble_dependencies,
+    fingerprint,
+    override_directory,
+    remove_override_directory,
+    scan_repositories,
+)
 from stubhost.host.regions import RegionDestination
 from stubhost.host.result import InferResponse
+from stubhost.host.stub_process import StubSettings
 
 log = logging.getLogger("stubhost")
 
@@ -48,33 +57,46 @@ SERVER_NAME = "stubhost"
 
 
 class Server:
-    """Hosts the models of a Triton model repository, each instance in its own stub process.
+    """Hosts the models of Triton model repositories, each instance in its own stub process.
 
+    ``model_repository`` is one folder or a list of them (a model name may appear in only one).
     ``models`` limits loading to those names. ``exit_on_error`` (Triton's default) makes a model
     that fails to load fail the constructor; otherwise it is logged and ``ready()`` stays False.
-    ``restart`` controls automatic restarts of crashed or hung stubs. All methods are thread-safe.
+    ``restart`` controls automatic restarts of crashed or hung stubs. ``poll_interval`` (seconds)
+    turns on Triton's poll mode (see ``poll``); ``load_threads`` bounds how many models load at
+    once; ``stub_settings`` sizes each stub's shared memory. All methods are thread-safe.
     """
 
-    def __init__(self, model_repository: str | os.PathLike[str], *, models: Iterable[str] | None = None,
-                 exit_on_error: bool = True, python_executable: str | None = None,
-                 env: Mapping[str, str] | None = None, auto_complete_config: bool = True,
-                 restart: RestartPolicy | bool = True, init_timeout: float = 120.0,
-                 finalize_timeout: float = 30.0) -> None:
-        self.repository = Path(model_repository)
+    def __init__(self, model_repository: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
+                 models: Iterable[str] | None = None, exit_on_error: bool = True,
+                 python_executable: str | None = None, env: Mapping[str, str] | None = None,
+                 auto_complete_config: bool = True, restart: RestartPolicy | bool = True,
+                 init_timeout: float = 120.0, finalize_timeout: float = 30.0,
+                 poll_interval: float | None = None, load_threads: int = 8,
+                 stub_settings: StubSettings | None = None) -> None:
+        self.repositories = _paths(model_repository)
+        self.repository = self.repositories[0]
         policy = restart if isinstance(restart, RestartPolicy) else RestartPolicy(enabled=bool(restart))
         self._options = LoadOptions(python=python_executable, env=dict(env) if env is not None else None,
                                     auto_complete=auto_complete_config, init_timeout_s=init_timeout,
-                                    finalize_timeout_s=finalize_timeout, restart=policy)
+                                    finalize_timeout_s=finalize_timeout, restart=policy,
+                                    stub=stub_settings or StubSettings())
+        self.stub_settings = self._options.stub
         self.custom_metrics = CustomMetrics()  # what models declare with pb_utils.MetricFamily
         self._bls = BlsService(self)
         self._options.on_call = self._bls.handler()
+        self._options.lookup = _lookup(weakref.ref(self))
         # Whether models may load and unload models (pb_utils.load_model): `stubhost serve` turns
         # it off unless --model-control-mode is explicit, as Triton does.
         self.allow_model_control = True
         self._models: dict[str, LoadedModel] = {}
         self._expected: set[str] = set()
         self.load_errors: dict[str, str] = {}
+        # What each model was loaded from, as poll mode last saw it (None: an override load)
+        self._fingerprints: dict[str, tuple[Any, ...] | None] = {}
+        self._load_threads = max(1, int(load_threads))
         self._lock = threading.RLock()
+        self._control_lock = threading.Lock()  # one load, unload or poll at a time
         self._closed = threading.Event()
         _live_servers.add(self)
         _install_signal_handlers()
@@ -82,12 +104,20 @@ class Server:
                                          name="stubhost-health", daemon=True)
         self._monitor.start()
         try:
-            found = scan_repository(self.repository)
-            names = list(found) if models is None else list(models)
-            self._load_many(names, found, exit_on_error)
+            found, duplicates = self.scan()
+            names = sorted({*found, *duplicates}) if models is None else _with_dependencies(list(models), found)
+            self._load_many(names, found, duplicates, exit_on_error)
         except BaseException:
             self.close()
             raise
+        self._poller: threading.Thread | None = None
+        if poll_interval is not None:
+            if not poll_interval > 0:
+                self.close()
+                raise ValueError(f"poll_interval must be a positive number of seconds, got {poll_interval!r}")
+            self._poller = threading.Thread(target=_poll, args=(weakref.ref(self), self._closed, poll_interval),
+                                            name="stubhost-poll", daemon=True)
+            self._poller.start()
 
     # ---- context manager -------------------------------------------------------------------------
     def __enter__(self) -> Server:
@@ -97,57 +127,159 @@ class Server:
         self.close()
 
     # ---- model control ---------------------------------------------------------------------------
-    def _load_many(self, names: Sequence[str], found: Mapping[str, Any], exit_on_error: bool) -> None:
+    def scan(self) -> tuple[dict[str, ModelDir], dict[str, str]]:
+        """The models of every repository, and the names held by more than one (name -> error)."""
+        return scan_repositories(self.repositories)
+
+    def _load_many(self, names: Sequence[str], found: Mapping[str, ModelDir], duplicates: Mapping[str, str],
+                   exit_on_error: bool) -> None:
         for name in names:
-            if name not in found:
+            if name not in found and name not in duplicates:
                 raise InferenceError("NOT_FOUND", f"failed to load '{name}', failed to poll from model repository")
         self._expected.update(names)
-        if not names:
-            return
-        with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
-            futures = {name: pool.submit(LoadedModel.load, found[name], self._options) for name in names}
         first_error: BaseException | None = None
-        for name, future in futures.items():
-            error = future.exception()
-            if error is None:
-                with self._lock:
-                    self._models[name] = future.result()
-                continue
-            self.load_errors[name] = str(error)
-            log.error("%s", error)
-            first_error = first_error or error
+        for name in names:
+            if name in duplicates:
+                first_error = first_error or InferenceError("INVALID_ARG", duplicates[name])
+                self._record_load_error(name, duplicates[name], None)
+        # Ensembles load after the models they run (and after ensembles they run).
+        for wave in _load_waves([name for name in names if name in found], found):
+            with ThreadPoolExecutor(max_workers=min(self._load_threads, len(wave))) as pool:
+                futures = {name: (pool.submit(fingerprint, found[name]),
+                                  pool.submit(LoadedModel.load, found[name], self._options)) for name in wave}
+            for name, (seen, future) in futures.items():
+                error = future.exception()
+                if error is None:
+                    with self._lock:
+                        self._models[name] = future.result()
+                        self._fingerprints[name] = seen.result()
+                    continue
+                self._record_load_error(name, str(error), seen.result())
+                first_error = first_error or error
         if first_error is not None and exit_on_error:
             raise first_error
 
-    def load(self, name: str) -> None:
-        """Loads (or reloads) a model from the repository; a reload swaps in the new one, then
-        stops the old one, so requests in flight finish."""
+    def _record_load_error(self, name: str, error: str, seen: tuple[Any, ...] | None) -> None:
+        log.error("%s", error)
+        with self._lock:
+            self.load_errors[name] = error
+            self._fingerprints[name] = seen
+
+    def load(self, name: str, *, config: str | Mapping[str, Any] | None = None,
+             files: Mapping[str, bytes] | None = None) -> None:
+        """Loads (or reloads) a model; a reload swaps in the new one, then stops the old one, so
+        requests in flight finish.
+
+        ``config`` (the model configuration as JSON text or its dict) replaces the model's
+        config.pbtxt; ``files`` (``{"file:1/model.py": b"..."}``, Triton's override parameters)
+        replace its whole folder and need ``config``. A later load without them reloads from
+        the repository.
+        """
         self._check_open()
-        found = scan_repository(self.repository)
-        if name not in found:
-            raise InferenceError("NOT_FOUND", f"failed to load '{name}', failed to poll from model repository")
+        override = _override_config(name, config)
+        if files and override is None:
+            raise InferenceError("INVALID_ARG", f"failed to load '{name}': the 'config' parameter must be given "
+                                                "with override files ('file:<version>/<path>')")
+        with self._control_lock:
+            if files:
+                try:
+                    model_dir = override_directory(name, files)
+                except (ValueError, OSError) as e:
+                    raise InferenceError("INVALID_ARG", f"failed to load '{name}': {e}") from None
+                self._load_one(model_dir, override, None)
+                return
+            found, duplicates = self.scan()
+            if name in duplicates:
+                raise InferenceError("INVALID_ARG", duplicates[name])
+            if name not in found:
+                raise InferenceError("NOT_FOUND", f"failed to load '{name}', failed to poll from model repository")
+            self._load_dependencies(name, override, found, set())
+            self._load_one(found[name], override, fingerprint(found[name]))
+
+    def _load_dependencies(self, name: str, config: ModelConfig | None, found: Mapping[str, ModelDir],
+                           seen: set[str]) -> None:
+        """Loads the models an ensemble runs that are not loaded yet, as Triton does when an
+        ensemble is loaded (the caller holds the control lock)."""
+        seen.add(name)
+        for dependency in ensemble_dependencies(found[name], config) if name in found else []:
+            if dependency in self._models or dependency in seen or dependency not in found:
+                continue  # a missing one fails the ensemble's own load, with its name
+            self._load_dependencies(dependency, None, found, seen)
+            self._load_one(found[dependency], None, fingerprint(found[dependency]))
+
+    def _load_one(self, model_dir: ModelDir, config: ModelConfig | None, seen: tuple[Any, ...] | None,
+                  expect: bool = False) -> None:
+        """Loads one model and swaps it in (the caller holds the control lock). A failed load
+        leaves a loaded model serving; with `expect` (poll mode) it also keeps the server not
+        ready, as a failure at start-up does."""
+        name = model_dir.name
         try:
-            model = LoadedModel.load(found[name], self._options)
+            model = LoadedModel.load(model_dir, self._options, config)
         except InferenceError as e:
-            self.load_errors[name] = e.message
+            remove_override_directory(model_dir)
+            with self._lock:
+                self.load_errors[name] = e.message
+                self._fingerprints[name] = seen
+                if expect:
+                    self._expected.add(name)
             raise
         with self._lock:
             old = self._models.get(name)
             self._models[name] = model
             self._expected.add(name)
             self.load_errors.pop(name, None)
+            self._fingerprints[name] = seen if config is None else None
         if old is not None:
-            old.stop()
+            _stop(old)
 
     def unload(self, name: str) -> None:
         """Finalizes and stops a model."""
+        with self._control_lock:
+            self._unload(name)
+
+    def _unload(self, name: str) -> None:
         with self._lock:
             model = self._models.pop(name, None)
             self._expected.discard(name)
             self.load_errors.pop(name, None)
+            self._fingerprints.pop(name, None)
         if model is None:
             raise InferenceError("NOT_FOUND", f"failed to unload '{name}': model is not loaded")
-        model.stop()
+        _stop(model)
+
+    def poll(self) -> None:
+        """One look at the repositories, as Triton's poll mode takes: a new model loads, a model
+        whose files changed reloads (its requests in flight finish on the old one), a removed
+        model unloads. A model that fails to load is retried once its files change again."""
+        if self._closed.is_set():
+            return
+        with self._control_lock:
+            found, duplicates = self.scan()
+            for name in [n for wave in _load_waves(sorted(found), found) for n in wave]:
+                seen = fingerprint(found[name])
+                with self._lock:
+                    known = name in self._fingerprints and self._fingerprints[name] == seen
+                if known:
+                    continue
+                log.info("loading '%s' (%s)", name, "changed" if name in self._fingerprints else "new")
+                try:
+                    self._load_one(found[name], None, seen, expect=True)
+                except InferenceError as e:
+                    log.error("%s", e.message)
+            for name, error in duplicates.items():
+                if self.load_errors.get(name) != error:
+                    self._record_load_error(name, error, None)
+                    self._expected.add(name)
+            for name in sorted(set(self._models) | set(self.load_errors)):
+                if name in found or name in duplicates:
+                    continue
+                log.info("unloading '%s': it is no longer in the model repository", name)
+                with self._lock:
+                    self.load_errors.pop(name, None)
+                    self._expected.discard(name)
+                    self._fingerprints.pop(name, None)
+                if name in self._models:
+                    self._unload(name)
 
     # ---- health and metadata ---------------------------------------------------------------------
     def _model(self, name: str) -> LoadedModel:
@@ -193,6 +325,12 @@ class Server:
         """Names of the loaded models."""
         return sorted(self._models)
 
+    def loaded(self) -> list[Any]:
+        """The loaded models themselves (LoadedModel or EnsembleModel), by name: what the
+        metrics endpoint reads its figures from."""
+        models = dict(self._models)
+        return [models[name] for name in sorted(models)]
+
     def metadata(self) -> dict[str, Any]:
         """Server metadata in the KServe v2 shape."""
         from stubhost import __version__
@@ -208,7 +346,7 @@ class Server:
             return [{"name": e["name"], "datatype": config_dtype_to_triton(e["data_type"]),
                      "shape": batch + [int(d) for d in e.get("dims", [])]} for e in entries]
 
-        return {"name": name, "versions": [str(v) for v in sorted(model.versions)], "platform": "python",
+        return {"name": name, "versions": [str(v) for v in sorted(model.versions)], "platform": model.config.platform or "python",
                 "inputs": tensors(model.config_dict.get("input", [])),
                 "outputs": tensors(model.config_dict.get("output", []))}
 
@@ -385,16 +523,94 @@ class Server:
         with self._lock:
             models, self._models = list(self._models.values()), {}
         for model in models:
-            model.stop()
+            _stop(model)
         self._bls.close()
-        if self._monitor is not threading.current_thread():
-            self._monitor.join(timeout=1.0)
+        for thread in (self._monitor, getattr(self, "_poller", None)):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=1.0)
         _live_servers.discard(self)
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", threading.Event()).is_set():
             log.warning("stubhost.Server was not closed; closing it now")
             self.close()
+
+
+def _paths(repositories: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Path]:
+    if isinstance(repositories, (str, os.PathLike)):
+        return [Path(repositories)]
+    paths = [Path(p) for p in repositories]
+    if not paths:
+        raise ValueError("at least one model repository is needed")
+    return paths
+
+
+def _override_config(name: str, config: str | Mapping[str, Any] | None) -> ModelConfig | None:
+    """A load request's "config" parameter as a ModelConfig (None: none given)."""
+    if config is None or config == "":
+        return None
+    if isinstance(config, (str, bytes)):
+        try:
+            config = json.loads(config)
+        except ValueError as e:
+            raise InferenceError("INVALID_ARG", f"failed to load '{name}': the 'config' parameter is not valid "
+                                                f"JSON: {e}") from None
+    try:
+        return config_from_dict(config, "the overriding config")  # type: ignore[arg-type]
+    except ConfigError as e:
+        raise InferenceError("INVALID_ARG", f"failed to load '{name}': {e}") from None
+
+
+def _lookup(server_ref: weakref.ref[Server]) -> Callable[[str], Any]:
+    """The loaded model of a name, for ensembles (weak: the server's options must not keep it alive)."""
+    def lookup(name: str) -> Any:
+        server = server_ref()
+        return None if server is None else server._models.get(name)
+    return lookup
+
+
+def _with_dependencies(names: list[str], found: Mapping[str, ModelDir]) -> list[str]:
+    """`names` and, after them, the models their ensembles run (as Triton loads those too)."""
+    out = list(dict.fromkeys(names))
+    for name in out:  # grows while it is walked: dependencies of dependencies join the walk
+        if name in found:
+            out.extend(d for d in ensemble_dependencies(found[name]) if d not in out)
+    return out
+
+
+def _load_waves(names: Sequence[str], found: Mapping[str, ModelDir]) -> list[list[str]]:
+    """`names` in groups that may load in parallel: plain models first, then each ensemble once
+    the ensembles it runs are in an earlier group (a cycle ends up in the last group, whose
+    loads then fail naming what they lack)."""
+    needs = {name: [d for d in ensemble_dependencies(found[name]) if d in names] for name in names}
+    waves: list[list[str]] = []
+    placed: set[str] = set()
+    while len(placed) < len(names):
+        wave = [n for n in names if n not in placed and all(d in placed for d in needs[n])]
+        if not wave:
+            wave = [n for n in names if n not in placed]
+        waves.append(wave)
+        placed.update(wave)
+    return waves
+
+
+def _stop(model: LoadedModel) -> None:
+    """Stops a model, then removes the folder its override files were written to, if any."""
+    model.stop()
+    remove_override_directory(model.model_dir)
+
+
+def _poll(server_ref: weakref.ref[Server], closed: threading.Event, interval: float) -> None:
+    """Poll mode's thread; like the health monitor it holds the server weakly."""
+    while not closed.wait(interval):
+        server = server_ref()
+        if server is None:
+            return
+        try:
+            server.poll()
+        except Exception:  # a bad poll (a folder vanishing mid-scan) must not end polling
+            log.exception("polling the model repository failed")
+        del server
 
 
 def _watch(server_ref: weakref.ref[Server], closed: threading.Event) -> None:

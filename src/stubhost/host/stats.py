@@ -10,6 +10,15 @@ are clamped into [sent, done].
 - compute_input: begin -> sent (checking inputs and copying them into the pool)
 - compute_infer: exec_start -> exec_end (the model's ``execute``)
 - compute_output: exec_end -> done (writing and reading the outputs)
+
+Every failure counts in ``fail`` (Triton's statistics extension has no finer split, and counts
+cancelled requests there too); each also carries one of Triton's failure reasons, which only the
+metrics endpoint shows (``nv_inference_request_failure{reason=...}``):
+
+- REJECTED: the scheduler refused it (its queue was full, or its queue timeout ran out)
+- CANCELED: its caller gave up on it (a cancelled call, or the caller's own timeout)
+- BACKEND: the model or its stub failed it (an error response, a crash, a bad answer)
+- OTHER: anything else (its inputs were refused, the model was unloading)
 """
 
 from __future__ import annotations
@@ -20,6 +29,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+REJECTED, CANCELED, BACKEND, OTHER = "REJECTED", "CANCELED", "BACKEND", "OTHER"
+FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)  # Triton's set, in the order it declares them
+
 _DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
               "cache_miss")
 
@@ -28,6 +40,7 @@ _DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "com
 class _VersionStats:
     durations: dict[str, list[int]] = field(default_factory=lambda: {k: [0, 0] for k in _DURATIONS})
     batches: dict[int, dict[str, list[int]]] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
     inference_count: int = 0
     execution_count: int = 0
     last_done: int = 0  # CLOCK_MONOTONIC ns of the last request (0: none yet)
@@ -64,9 +77,9 @@ class ModelStatistics:
         if len(self._pending) >= self.FOLD_EVERY:
             self._fold()
 
-    def record_failure(self, version: int, begin: int, done: int) -> None:
-        """One failed request."""
-        self._pending.append((version, -1, begin, done))
+    def record_failure(self, version: int, begin: int, done: int, reason: str = OTHER) -> None:
+        """One failed request; `reason` is one of ``FAILURE_REASONS``."""
+        self._pending.append((version, -1, begin, done, reason))
         if len(self._pending) >= self.FOLD_EVERY:
             self._fold()
 
@@ -80,11 +93,12 @@ class ModelStatistics:
                 except IndexError:
                     break
                 if record[1] < 0:
-                    version, _, begin, done = record
+                    version, _, begin, done, reason = record
                     stats = self._version(version)
                     entry = stats.durations["fail"]
                     entry[0] += 1
                     entry[1] += max(done - begin, 0)
+                    stats.failures[reason if reason in stats.failures else OTHER] += 1
                     stats.last_done = max(stats.last_done, done)
                     continue
                 version, batch_size, begin, sent, exec_start, exec_end, done, execution = record
@@ -114,6 +128,13 @@ class ModelStatistics:
                     entry[0] += 1
                     entry[1] += ns
                 stats.execution_count += 1
+
+    def failures(self, version: int) -> dict[str, int]:
+        """The version's failures by reason (every reason of ``FAILURE_REASONS``, 0 if none)."""
+        self._fold()
+        with self._lock:
+            stats = self._versions.get(version)
+            return dict(stats.failures) if stats is not None else dict.fromkeys(FAILURE_REASONS, 0)
 
     def snapshot(self, name: str, versions: list[int]) -> list[dict[str, Any]]:
         """Triton's ``model_stats`` entries for the given versions (zeros for unused ones)."""

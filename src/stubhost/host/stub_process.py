@@ -1,14 +1,16 @@
 """One stub process and the shared memory it talks through: start, call, log, stop.
 
 Each stub gets a pool of its own, so a crashed or hostile stub can only damage its own memory,
-and a restart starts from a fresh pool. The stub's stdout and stderr come back through one pipe
-and are logged with the instance's name; ``pb_utils.Logger`` lines keep their level.
+and a restart starts from a fresh pool. The stub's stdout and stderr come back through one pipe:
+each record the stub sends (a ``pb_utils.Logger`` line, one ``print()``) keeps its level and the
+model's file and line, and any other output is logged with the instance's name.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 import logging
 import os
 import subprocess
@@ -23,7 +25,8 @@ from stubhost._core import Command, IPCControl, IPCMessage, MessageQueue, Pool
 from stubhost.host.errors import InferenceError
 from stubhost.host.regions import ClientRegion
 from stubhost.host.streams import ResponseStream, is_deferred, stream_item
-from stubhost.protocol import LOG_MARKER, REPLY_ERROR, REPLY_OK, REPLY_STUB_GONE, read_payload, write_payload
+from stubhost.logs import decode_model_line
+from stubhost.protocol import REPLY_ERROR, REPLY_OK, REPLY_STUB_GONE, read_payload, write_payload
 
 log = logging.getLogger("stubhost")
 
@@ -31,7 +34,6 @@ QUEUE_CAPACITY = 1024
 DEATH_CHECK_S = 0.1      # how often a waiting caller checks that its stub still lives
 COMPLETION_POLL_S = 0.1  # how often the completion thread also polls for replies it was not told of
 PUSH_TIMEOUT_S = 5.0     # how long a command that nobody waits for may wait for room in the queue
-_LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 
 
 # What the stub asks of the server (BLS): served by `on_call`.
@@ -47,6 +49,20 @@ class StubGoneError(Exception):
     """The stub died (or was stopped) before answering."""
 
 
+@dataclass(frozen=True)
+class StubSettings:
+    """The shared memory of each stub: its pool's first size, growth step and ceiling, its
+    queues' capacity in messages, and its segments' name prefix (the Python backend's
+    ``shm-default-byte-size``, ``shm-growth-byte-size``, ``shm-message-queue-size`` and
+    ``shm-region-prefix-name``)."""
+
+    pool_size: int = 8 << 20
+    pool_growth: int = 32 << 20
+    pool_max: int = 8 << 30
+    queue_capacity: int = QUEUE_CAPACITY
+    prefix: str = "stubhost"
+
+
 class StubProcess:
     """A started stub: its pool, control block, queues and process.
 
@@ -55,11 +71,13 @@ class StubProcess:
     """
 
     def __init__(self, instance_name: str, *, python: str | None = None, env: Mapping[str, str] | None = None,
-                 pool_size: int = 8 << 20, pool_growth: int = 32 << 20, pool_max: int = 8 << 30,
+                 settings: StubSettings | None = None,
                  on_call: Callable[[StubProcess, IPCMessage], None] | None = None) -> None:
         self.instance_name = instance_name
         self.on_call = on_call  # serves the stub's BLS calls: must release the message (and answer it)
-        self.pool = Pool.create(initial_size=pool_size, growth_size=pool_growth, max_size=pool_max)
+        settings = settings or StubSettings()
+        self.pool = Pool.create(prefix=settings.prefix, initial_size=settings.pool_size,
+                                growth_size=settings.pool_growth, max_size=settings.pool_max)
         self.inflight: dict[int, IPCMessage] = {}
         self.dead = False  # set once the stub is known to be gone; never cleared
         self.abandoned: list[tuple[IPCMessage, int]] = []  # (message, request record) nobody waits for
@@ -73,10 +91,10 @@ class StubProcess:
         self._streams_lock = threading.Lock()
         try:
             self.control = IPCControl.create(self.pool)
-            self.inbox = MessageQueue.create(self.pool, QUEUE_CAPACITY)
-            self.outbox = MessageQueue.create(self.pool, QUEUE_CAPACITY)
-            self.calls = MessageQueue.create(self.pool, QUEUE_CAPACITY)    # stub -> parent (responses, ...)
-            self.answers = MessageQueue.create(self.pool, QUEUE_CAPACITY)  # parent -> stub (cancellations)
+            self.inbox = MessageQueue.create(self.pool, settings.queue_capacity)
+            self.outbox = MessageQueue.create(self.pool, settings.queue_capacity)
+            self.calls = MessageQueue.create(self.pool, settings.queue_capacity)    # stub -> parent (responses, ...)
+            self.answers = MessageQueue.create(self.pool, settings.queue_capacity)  # parent -> stub (cancellations)
             self.control.stub_message_queue = self.inbox.handle
             self.control.parent_message_queue = self.outbox.handle
             self.control.stub_to_parent_mq = self.calls.handle
@@ -100,19 +118,22 @@ class StubProcess:
 
     # ---- logging ---------------------------------------------------------------------------------
     def _pump_logs(self, stream: IO[bytes] | None) -> None:
+        """Log thread: each record the stub sends (a Logger line, one print) becomes one record
+        of the "stubhost" logger, located at the model's file and line, at its level (as in
+        Triton, the parent decides what is shown: a verbose line only at verbose level >= 1);
+        any other output line is logged at INFO as ``<instance>: <line>``."""
         if stream is None:
             return
         with stream:
             for raw in stream:
                 line = raw.decode("utf-8", "replace").rstrip("\n")
-                if line.startswith(LOG_MARKER):
-                    parts = line.split("\t", 3)
-                    if len(parts) == 4:
-                        level = _LOG_LEVELS.get(int(parts[1]) if parts[1].isdigit() else 0, logging.INFO)
-                        text = parts[3].replace("\\n", "\n").replace("\\\\", "\\")
-                        log.log(level, "%s] %s: %s", parts[2], self.instance_name, text)
-                        continue
-                log.info("%s: %s", self.instance_name, line)
+                sent = decode_model_line(line)
+                if sent is None:
+                    log.info("%s: %s", self.instance_name, line, extra={"model_instance": self.instance_name})
+                elif log.isEnabledFor(sent[0]):
+                    level, path, lineno, text = sent
+                    log.handle(log.makeRecord(log.name, level, path, lineno, text, (), None,
+                                              extra={"model_instance": self.instance_name}))
 
     # ---- state -----------------------------------------------------------------------------------
     @property

@@ -71,6 +71,11 @@ def _guarded(handler: Handler, method: str, restrictions: Restrictions) -> Handl
     return call
 
 
+def _setting_value(value: pb.LogSettingsRequest.SettingValue) -> Any:
+    choice = value.WhichOneof("parameter_choice")
+    return None if choice is None else getattr(value, choice)
+
+
 class GrpcFrontend:
     """The servicer: one coroutine per RPC of the service."""
 
@@ -91,6 +96,7 @@ class GrpcFrontend:
             "SystemSharedMemoryUnregister": self.system_unregister,
             "CudaSharedMemoryStatus": self.cuda_status, "CudaSharedMemoryRegister": self.cuda_register,
             "CudaSharedMemoryUnregister": self.cuda_unregister,
+            "LogSettings": self.log_settings,
         }
         behaviors: dict[str, Callable[..., Any]] = {name: _guarded(fn, name, self.restrictions)
                                                     for name, fn in unary.items()}
@@ -137,10 +143,9 @@ class GrpcFrontend:
 
     async def repository_model_load(self, request: pb.RepositoryModelLoadRequest,
                                     context: Any) -> pb.RepositoryModelLoadResponse:
-        if request.parameters:
-            raise InferenceError("UNSUPPORTED", "loading a model with an overriding config or files is not "
-                                                "supported yet")
-        await self.service.load(request.model_name)
+        parameters = {key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
+                      for key, value in request.parameters.items()}
+        await self.service.load(request.model_name, parameters)
         return pb.RepositoryModelLoadResponse()
 
     async def repository_model_unload(self, request: pb.RepositoryModelUnloadRequest,
@@ -181,6 +186,22 @@ class GrpcFrontend:
                               context: Any) -> pb.CudaSharedMemoryUnregisterResponse:
         self.service.registry.unregister_cuda(request.name or None)
         return pb.CudaSharedMemoryUnregisterResponse()
+
+    # ---- logging ---------------------------------------------------------------------------------
+    async def log_settings(self, request: pb.LogSettingsRequest, context: Any) -> pb.LogSettingsResponse:
+        """Triton's logging extension: each setting travels in the oneof member of its type (an
+        unset one counts as not given, like a JSON null over HTTP)."""
+        changes = {name: _setting_value(value) for name, value in request.settings.items()}
+        response = pb.LogSettingsResponse()
+        for name, value in self.service.log_settings(changes).items():
+            entry = response.settings[name]
+            if isinstance(value, bool):
+                entry.bool_param = value
+            elif isinstance(value, int):
+                entry.uint32_param = value
+            else:
+                entry.string_param = value
+        return response
 
     # ---- inference -------------------------------------------------------------------------------
     @staticmethod

@@ -1,7 +1,7 @@
 """The KServe v2 HTTP/REST front end: a plain ASGI application over :class:`InferenceService`.
 
-Routes are Triton's (``/v2/...``, including the repository, statistics and shared-memory
-extensions). Errors answer ``{"error": "<message>"}`` with the status Triton gives the error's
+Routes are Triton's (``/v2/...``, including the repository, statistics, shared-memory and
+logging extensions). Errors answer ``{"error": "<message>"}`` with the status Triton gives the error's
 code (400 for invalid arguments, 404 not found, 500 internal, 503 unavailable, 501 unsupported).
 
 The app is plain ASGI rather than a framework: routing is one split of the path, and the infer
@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from stubhost.host.errors import InferenceError
+from stubhost.host.repository import FILE_PARAMETER_PREFIX
 from stubhost.server import generate, http_codec, http_response
 from stubhost.server.restricted import Restrictions
 from stubhost.server.service import InferenceService
@@ -201,6 +202,10 @@ class HttpFrontend:
             self._guard(scope, "shared-memory")
             await self._shared_memory(scope, receive, send, method, head == "cudasharedmemory", rest[1:])
             return
+        if rest == ["logging"]:
+            self._guard(scope, "logging")
+            await self._logging(scope, receive, send, method)
+            return
         raise HttpError(404, "Not Found")
 
     @staticmethod
@@ -343,6 +348,17 @@ class HttpFrontend:
             raise InferenceError("INTERNAL", f"model '{name}' sent no response")
         await self._reply(send, 200, generate.encode_generate_response(result))
 
+    async def _logging(self, scope: Scope, receive: Receive, send: Send, method: str) -> None:
+        """Triton's logging extension: GET answers the settings, POST changes some and answers all."""
+        if method not in ("GET", "POST"):
+            raise HttpError(405, "Method Not Allowed")
+        changes = None
+        if method == "POST":
+            changes = _json_body(await self._read_body(scope, receive))
+            if not isinstance(changes, dict):
+                raise InferenceError("INVALID_ARG", "the request body must be a JSON object")
+        await self._reply(send, 200, orjson.dumps(self.service.log_settings(changes)))
+
     async def _repository(self, scope: Scope, receive: Receive, send: Send, method: str, rest: list[str]) -> None:
         self._method(method, "POST")
         body = _json_body(await self._read_body(scope, receive))
@@ -359,10 +375,7 @@ class HttpFrontend:
             if not isinstance(parameters, dict):
                 raise InferenceError("INVALID_ARG", "'parameters' must be a JSON object")
             if rest[2] == "load":
-                if parameters:
-                    raise InferenceError("UNSUPPORTED", "loading a model with an overriding config or files is "
-                                                        "not supported yet")
-                await self.service.load(rest[1])
+                await self.service.load(rest[1], _load_parameters(rest[1], parameters))
             else:
                 await self.service.unload(rest[1])
             await self._reply(send, 200, headers=[])
@@ -437,3 +450,20 @@ async def _until(events: AsyncIterator[Any], gone: asyncio.Future[None]) -> Asyn
             yield step.result()
         except StopAsyncIteration:
             return
+
+
+def _load_parameters(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    """A load request's JSON parameters with the override files' base64 decoded to bytes."""
+    decoded: dict[str, Any] = {}
+    for key, value in parameters.items():
+        if key.startswith(FILE_PARAMETER_PREFIX):
+            if not isinstance(value, str):
+                raise InferenceError("INVALID_ARG", f"failed to load '{name}': the '{key}' parameter must be the "
+                                                    "file's content in base64")
+            try:
+                value = base64.b64decode(value, validate=True)
+            except ValueError:
+                raise InferenceError("INVALID_ARG", f"failed to load '{name}': the '{key}' parameter is not "
+                                                    "valid base64") from None
+        decoded[key] = value
+    return decoded

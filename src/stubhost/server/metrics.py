@@ -1,67 +1,224 @@
-"""The Prometheus metrics endpoint (``GET /metrics`` on ``--metrics-port``), with Triton's names.
+"""The Prometheus metrics endpoint (``GET /metrics`` on ``--metrics-port``), as Triton exports it.
 
-Counters are read from the models' statistics at each scrape, so they cost nothing per request:
-``nv_inference_request_success``, ``nv_inference_request_failure``, ``nv_inference_count``,
-``nv_inference_exec_count`` and the cumulative ``nv_inference_*_duration_us`` (request, queue,
-compute input, compute infer, compute output), labelled ``model`` and ``version`` as in Triton.
+Names, HELP texts, types and labels are Triton's, so that dashboards and alerts written for
+Triton keep working; labels are written sorted by name, as Triton's text output has them. Per
+model version (labels ``model``, ``version``), read from the models' statistics at each scrape,
+so requests pay nothing for them:
+
+- counters ``nv_inference_request_success``, ``nv_inference_request_failure`` (one series per
+  ``reason``: REJECTED, CANCELED, BACKEND, OTHER, each there from load at 0), ``nv_inference_count``,
+  ``nv_inference_exec_count``, and the cumulative µs of successful requests
+  ``nv_inference_request_duration_us``, ``nv_inference_queue_duration_us``,
+  ``nv_inference_compute_input_duration_us``, ``nv_inference_compute_infer_duration_us``,
+  ``nv_inference_compute_output_duration_us``;
+- the gauge ``nv_inference_pending_request_count`` (``LoadedModel.pending``).
+
+Then, on Linux, the server-wide gauges ``nv_cpu_utilization``, ``nv_cpu_memory_total_bytes`` and
+``nv_cpu_memory_used_bytes`` (read from /proc as Triton reads them), and last the models' own
+metrics (``pb_utils.MetricFamily``).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from stubhost.host.custom_metrics import escape_label
 from stubhost.host.server import Server
+from stubhost.host.stats import FAILURE_REASONS
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
-# (metric name, help, where in a model_stats entry: a count, or the ns of a duration in µs)
-_COUNTS = (
-    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
-     ("inference_stats", "success", "count")),
-    ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
-     ("inference_stats", "fail", "count")),
-    ("nv_inference_count", "Number of inferences performed (does not include cached requests)",
-     ("inference_count",)),
+Labels = tuple[tuple[str, str], ...]  # a sample's own labels, besides model and version
+
+
+@dataclass(frozen=True)
+class _VersionFigures:
+    """What one model version's samples are read from."""
+
+    model: str
+    version: str
+    entry: dict[str, Any]     # its statistics-extension entry (``model_stats``)
+    failures: dict[str, int]  # failures by reason
+    pending: int
+
+
+def _count(*path: str) -> Callable[[_VersionFigures], list[tuple[Labels, int]]]:
+    def read(figures: _VersionFigures) -> list[tuple[Labels, int]]:
+        value: Any = figures.entry
+        for key in path:
+            value = value[key]
+        return [((), value)]
+    return read
+
+
+def _micros(key: str) -> Callable[[_VersionFigures], list[tuple[Labels, int]]]:
+    """A duration of ``inference_stats``, in whole µs as Triton counts them."""
+    return lambda figures: [((), figures.entry["inference_stats"][key]["ns"] // 1000)]
+
+
+def _failures(figures: _VersionFigures) -> list[tuple[Labels, int]]:
+    return [((("reason", reason),), figures.failures[reason]) for reason in FAILURE_REASONS]
+
+
+def _pending(figures: _VersionFigures) -> list[tuple[Labels, int]]:
+    return [((), figures.pending)]
+
+
+# (name, HELP, TYPE, samples of one version), in the order Triton writes them
+_MODEL_FAMILIES: tuple[tuple[str, str, str, Callable[[_VersionFigures], list[tuple[Labels, int]]]], ...] = (
+    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes", "counter",
+     _count("inference_stats", "success", "count")),
+    ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter", _failures),
+    ("nv_inference_count", "Number of inferences performed (does not include cached requests)", "counter",
+     _count("inference_count")),
     ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)",
-     ("execution_count",)),
+     "counter", _count("execution_count")),
+    ("nv_inference_request_duration_us",
+     "Cumulative inference request duration in microseconds (includes cached requests)", "counter",
+     _micros("success")),
+    ("nv_inference_queue_duration_us",
+     "Cumulative inference queuing duration in microseconds (includes cached requests)", "counter",
+     _micros("queue")),
+    ("nv_inference_compute_input_duration_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)", "counter",
+     _micros("compute_input")),
+    ("nv_inference_compute_infer_duration_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)", "counter",
+     _micros("compute_infer")),
+    ("nv_inference_compute_output_duration_us",
+     "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+     "counter", _micros("compute_output")),
+    ("nv_inference_pending_request_count", "Instantaneous number of pending requests awaiting execution per-model.",
+     "gauge", _pending),
 )
-_DURATIONS = (
-    ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds", "success"),
-    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds", "queue"),
-    ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds",
-     "compute_input"),
-    ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds",
-     "compute_infer"),
-    ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds",
-     "compute_output"),
-)
 
 
-def _dig(entry: dict[str, Any], path: tuple[str, ...]) -> Any:
-    for key in path:
-        entry = entry[key]
-    return entry
+def _number(value: float) -> str:
+    """A sample value as Triton writes it: integers without a fraction."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def render_metrics(server: Server) -> bytes:
-    """The Prometheus text exposition (format 0.0.4) of the models' counters.
+def _sample(name: str, labels: Iterable[tuple[str, str]], value: float) -> str:
+    text = ",".join(f'{key}="{escape_label(val)}"' for key, val in sorted(labels))
+    return f"{name}{{{text}}} {_number(value)}" if text else f"{name} {_number(value)}"
+
+
+def _figures(server: Server) -> list[_VersionFigures]:
+    """Every loaded model version's figures, by model name then version."""
+    out = []
+    for model in server.loaded():
+        for entry in model.statistics():
+            version = int(entry["version"])
+            out.append(_VersionFigures(model.name, entry["version"], entry, model.stats.failures(version),
+                                       model.pending(version)))
+    return out
+
+
+def _model_lines(server: Server) -> list[str]:
+    """The per-model-version families (their HELP and TYPE lines even with no model loaded)."""
+    figures = [] if server.closed else _figures(server)
+    lines: list[str] = []
+    for name, text, kind, samples in _MODEL_FAMILIES:
+        lines.append(f"# HELP {name} {text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for f in figures:
+            for labels, value in samples(f):
+                lines.append(_sample(name, (("model", f.model), ("version", f.version), *labels), value))
+    return lines
+
+
+class CpuMetrics:
+    """Triton's CPU gauges, read from /proc as Triton reads them; only where /proc/stat exists
+    (Linux). One caller at a time.
+
+    Utilization is the busy share of the CPU time of all cores (busy: user, nice, system, irq,
+    softirq, steal; idle: idle, iowait) over a window of at least ``WINDOW_S``, as Triton's
+    per-interval poll gives it: a scrape within a window sees the last window's figure. Used
+    memory is MemTotal - MemAvailable.
+    """
+
+    WINDOW_S = 1.0
+
+    def __init__(self, proc: str | Path = "/proc") -> None:
+        self._proc = Path(proc)
+        self._base = self._cpu_times()
+        self._base_at = time.monotonic()
+        self._last: float | None = None  # the last complete window's utilization
+
+    def available(self) -> bool:
+        """True where the gauges can be read."""
+        return self._base is not None
+
+    def _cpu_times(self) -> tuple[int, int] | None:
+        """(busy, idle) jiffies of all cores since boot (None: /proc/stat unreadable)."""
+        try:
+            with open(self._proc / "stat") as f:
+                fields = f.readline().split()
+        except OSError:
+            return None
+        if len(fields) < 9 or fields[0] != "cpu":
+            return None
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+        return user + nice + system + irq + softirq + steal, idle + iowait
+
+    def utilization(self) -> float:
+        """Utilization in [0.0, 1.0] (0.0 when it cannot be read)."""
+        now = self._cpu_times()
+        if now is None or self._base is None:
+            return 0.0
+        # (clamped at 0: the kernel's counters may step back, and Triton ignores that too)
+        busy, idle = max(now[0] - self._base[0], 0), max(now[1] - self._base[1], 0)
+        if busy + idle == 0:  # no tick since the window began
+            return self._last or 0.0
+        current = busy / (busy + idle)
+        if time.monotonic() - self._base_at >= self.WINDOW_S:
+            self._last = current
+            self._base, self._base_at = now, time.monotonic()
+        return current if self._last is None else self._last
+
+    def memory(self) -> tuple[int, int]:
+        """(total, used) bytes of RAM ((0, 0) when /proc/meminfo cannot be read)."""
+        values: dict[str, int] = {}
+        try:
+            with open(self._proc / "meminfo") as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) >= 2 and parts[0] in ("MemTotal:", "MemAvailable:"):
+                        values[parts[0]] = int(parts[1]) * 1024  # kB
+        except (OSError, ValueError):
+            return 0, 0
+        total, available = values.get("MemTotal:"), values.get("MemAvailable:")
+        if total is None or available is None or available > total:
+            return 0, 0
+        return total, total - available
+
+    def render(self) -> list[str]:
+        """The three gauges' lines (none where /proc/stat is missing)."""
+        if not self.available():
+            return []
+        total, used = self.memory()
+        lines = []
+        for name, text, value in (("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", self.utilization()),
+                                  ("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", total),
+                                  ("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", used)):
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge", _sample(name, (), value)]
+        return lines
+
+
+def render_metrics(server: Server, cpu: CpuMetrics | None = None) -> bytes:
+    """The Prometheus text exposition (format 0.0.4) of the server's metrics.
 
     Written out here rather than through prometheus_client: that library names every counter
     sample ``<name>_total``, and Triton's dashboards and alerts expect ``nv_inference_count``
     itself to be a counter.
     """
-    stats = [] if server.closed else server.statistics()["model_stats"]
-    lines: list[str] = []
-    series = [(name, text, path, 1) for name, text, path in _COUNTS]
-    series += [(name, text, ("inference_stats", key, "ns"), 1000) for name, text, key in _DURATIONS]  # ns -> µs
-    for name, text, path, scale in series:
-        lines.append(f"# HELP {name} {text}")
-        lines.append(f"# TYPE {name} counter")
-        for entry in stats:
-            value = _dig(entry, path)
-            lines.append(f'{name}{{model="{escape_label(entry["name"])}",version="{escape_label(entry["version"])}"}} '
-                         f"{value / scale if scale != 1 else value}")
+    lines = _model_lines(server)
+    if cpu is not None:
+        lines += cpu.render()
     lines += server.custom_metrics.render()  # the models' own (pb_utils.MetricFamily)
     return ("\n".join(lines) + "\n").encode()
 
@@ -71,6 +228,7 @@ class MetricsApp:
 
     def __init__(self, server: Server) -> None:
         self.server = server
+        self.cpu = CpuMetrics()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -80,7 +238,7 @@ class MetricsApp:
         elif scope["method"] != "GET":
             status, body = 405, b"Method Not Allowed"
         else:
-            status, body = 200, render_metrics(self.server)
+            status, body = 200, render_metrics(self.server, self.cpu)
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", CONTENT_TYPE), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

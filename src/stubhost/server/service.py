@@ -9,16 +9,17 @@ An :class:`InferenceService` joins one :class:`stubhost.Server` (the models) and
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from stubhost import _core
+from stubhost import _core, logs
 from stubhost.gpu import cuda
 from stubhost.host.errors import InferenceError
-from stubhost.host.repository import scan_repository
+from stubhost.host.repository import FILE_PARAMETER_PREFIX
 from stubhost.host.server import Server
 from stubhost.host.regions import ClientRegion, RegionDestination, RegionOutput, RegionTensor
 from stubhost.server.shm_registry import CudaRegion, RegionLease, SharedMemoryRegistry, SystemRegion
@@ -27,7 +28,7 @@ from stubhost.tensor import numpy_to_triton_dtype, triton_to_numpy_dtype
 
 # What the server metadata lists: only extensions that work end to end.
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "system_shared_memory",
-              "cuda_shared_memory", "parameters"]
+              "cuda_shared_memory", "parameters", "logging"]
 
 MAX_TENSORS = 1024  # default limit on inputs, and on requested outputs, of one request
 
@@ -90,14 +91,37 @@ def _datatype(array: np.ndarray) -> str:
     return _core.dtype_name(numpy_to_triton_dtype(array.dtype))
 
 
+def load_overrides(name: str, parameters: Mapping[str, Any]) -> tuple[str | None, dict[str, bytes] | None]:
+    """Splits a load request's parameters into the overriding config and the override files."""
+    config: str | None = None
+    files: dict[str, bytes] = {}
+    for key, value in parameters.items():
+        if key == "config":
+            if not isinstance(value, str):
+                raise InferenceError("INVALID_ARG", f"failed to load '{name}': the 'config' parameter must be a "
+                                                    "string holding the model configuration as JSON")
+            config = value
+        elif key.startswith(FILE_PARAMETER_PREFIX):
+            if not isinstance(value, bytes):
+                raise InferenceError("INVALID_ARG", f"failed to load '{name}': the '{key}' parameter must hold "
+                                                    "the file's bytes")
+            files[key] = value
+        else:
+            raise InferenceError("INVALID_ARG", f"failed to load '{name}': unrecognized load parameter '{key}' "
+                                                "(expected 'config' or 'file:<version>/<path>')")
+    return config, files or None
+
+
 class InferenceService:
     """KServe v2 health, metadata, inference, repository, statistics and shared-memory calls."""
 
     def __init__(self, server: Server, registry: SharedMemoryRegistry | None = None, *,
-                 model_control: bool = False, max_tensors: int = MAX_TENSORS) -> None:
+                 model_control: bool = False, max_tensors: int = MAX_TENSORS, strict_readiness: bool = True) -> None:
         self.server = server
+        self.strict_readiness = strict_readiness  # False: ready whenever live (tritonserver's flag)
         self.registry = registry if registry is not None else SharedMemoryRegistry(
-            cuda_opener=cuda.cuda_opener(), on_unregister=lambda region: server.forget_region(region.id))
+            cuda_opener=cuda.cuda_opener(), on_unregister=lambda region: server.forget_region(region.id),
+            reserved_prefixes=[f"{server.stub_settings.prefix}_"])  # clients may not map the stubs' pools
         self.model_control = model_control  # explicit mode: clients may load and unload models
         self.max_tensors = max_tensors      # inputs, and requested outputs, per request
         self.inflight = 0                   # inference requests running now (for a graceful stop)
@@ -108,8 +132,9 @@ class InferenceService:
         return not self.server.closed
 
     def ready(self) -> bool:
-        """True when every model that should be loaded is ready."""
-        return self.server.ready()
+        """True when every model that should be loaded is ready (with strict readiness off:
+        whenever the server is live)."""
+        return self.server.ready() if self.strict_readiness else self.live()
 
     def metadata(self) -> dict[str, Any]:
         """Server metadata: name, version and the extensions that work."""
@@ -134,12 +159,24 @@ class InferenceService:
         """Triton's statistics extension answer."""
         return self.server.statistics(name, version)
 
+    def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Triton's logging extension (both front ends): applies `changes` (setting name -> new
+        value; None leaves a setting as it is) all or none, and answers every setting in force.
+        Raises InferenceError with Triton's words for a bad name or value."""
+        if changes:
+            try:
+                logs.update_settings(changes)
+            except logs.LogSettingsError as e:
+                raise InferenceError(e.code, e.message) from None
+        return logs.current_settings().as_dict()
+
     # ---- model repository ------------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         """Every model of the repository with its state, as Triton's repository index lists them."""
         loaded = set(self.server.models())
         entries: list[dict[str, Any]] = []
-        for name in sorted(set(scan_repository(self.server.repository)) | loaded):
+        found, duplicates = self.server.scan()
+        for name in sorted({*found, *duplicates} | loaded):
             if name in loaded:
                 metadata = self.server.model_metadata(name)
                 for version in metadata["versions"]:
@@ -157,10 +194,17 @@ class InferenceService:
         if not self.model_control:
             raise InferenceError("UNAVAILABLE", "explicit model load / unload is not allowed if polling is enabled")
 
-    async def load(self, name: str) -> None:
-        """Loads (or reloads) a model, in explicit model-control mode; loading runs off the loop."""
+    async def load(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
+        """Loads (or reloads) a model, in explicit model-control mode; loading runs off the loop.
+
+        ``parameters`` are the load request's: "config" (the model configuration as JSON text)
+        and "file:<version>/<path>" override files (bytes), as Triton's model-repository
+        extension defines them.
+        """
         self._check_model_control()
-        await asyncio.get_running_loop().run_in_executor(None, self.server.load, name)
+        config, files = load_overrides(name, parameters or {})
+        await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(self.server.load, name, config=config, files=files))
 
     async def unload(self, name: str) -> None:
         """Unloads a model, in explicit model-control mode; other models' requests are untouched."""

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import traceback
-from types import ModuleType
+from types import ModuleType, TracebackType
 from typing import Any
 
 import _posixshmem  # CPython's shm_open binding (what multiprocessing.shared_memory uses)
@@ -27,12 +27,13 @@ from stubhost._core import Command, IPCControl, IPCMessage, MessageQueue, Pool
 from stubhost.backend_utils import bls, metrics
 from stubhost.backend_utils import helpers as pb_helpers
 from stubhost.backend_utils.errors import TritonError
-from stubhost.backend_utils.logger import Logger, LogLevel, set_log_sink
+from stubhost.backend_utils.logger import Logger, LogLevel, ModelOutput, set_log_sink
 from stubhost.backend_utils.model_config import ModelConfig
 from stubhost.backend_utils.request import InferenceRequest
 from stubhost.backend_utils.response import InferenceResponse
 from stubhost.backend_utils.response_sender import set_transport
-from stubhost.protocol import LOG_MARKER, REPLY_ERROR, REPLY_OK, RESPONSE_FINAL, read_payload, write_payload
+from stubhost.logs import encode_model_line
+from stubhost.protocol import REPLY_ERROR, REPLY_OK, RESPONSE_FINAL, read_payload, write_payload
 from stubhost.stub import codec
 from stubhost.stub.loader import load_model_module
 from stubhost.stub.caller import StubCaller
@@ -54,9 +55,48 @@ class _ExecuteError(Exception):
     """A broken rule of the execute contract; its text is shown as is (no frames)."""
 
 
-def _log_to_parent(message: str, level: LogLevel, filename: str, line: int) -> None:
-    text = message.replace("\\", "\\\\").replace("\n", "\\n")
-    os.write(2, f"{LOG_MARKER}\t{int(level)}\t{filename}:{line}\t{text}\n".encode("utf-8", "replace"))
+def _detail(e: BaseException) -> str:
+    return str(e) if isinstance(e, _ExecuteError) else format_exception(e)
+
+
+_log_lock = threading.Lock()
+
+
+def _log_to_parent(message: str, level: LogLevel, path: str, line: int) -> None:
+    """Sends one record to the parent: one line on the output pipe, written whole (the lock
+    keeps two threads' long records from interleaving; short writes to a pipe are atomic)."""
+    data = memoryview(encode_model_line(level, path, line, message))
+    with _log_lock:
+        try:
+            while data:
+                data = data[os.write(2, data):]
+        except OSError:
+            pass  # the parent is gone (the watchdog ends this stub): there is no log to write to
+
+
+def _thread_excepthook(args: threading.ExceptHookArgs) -> None:
+    """An exception that ends a model's thread: its traceback reaches the log as one record
+    (Python's own hook writes it line by line)."""
+    if args.exc_type is SystemExit:
+        return
+    name = args.thread.name if args.thread is not None else threading.get_ident()
+    text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
+    sys.stderr.write(f"Exception in thread {name}:\n{text}")
+
+
+def _excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+    """The same for an exception that ends the stub's main thread."""
+    sys.stderr.write("".join(traceback.format_exception(exc_type, exc, tb)))
+
+
+def capture_output() -> tuple[ModelOutput, ModelOutput]:
+    """Makes each print() of the model one log record: stdout at INFO, stderr at WARNING (what
+    Python writes there unasked is warnings, tracebacks and WARNING-or-worse log records)."""
+    sys.stdout = ModelOutput(sys.stdout, LogLevel.INFO)
+    sys.stderr = ModelOutput(sys.stderr, LogLevel.WARNING)
+    threading.excepthook = _thread_excepthook
+    sys.excepthook = _excepthook
+    return sys.stdout, sys.stderr
 
 
 class StubRuntime:
@@ -108,6 +148,7 @@ class StubRuntime:
     def run(self) -> int:
         """Serves commands until Finalize or Shutdown; returns the exit code."""
         set_log_sink(_log_to_parent)
+        outputs = capture_output()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when a stub stops
         self.control.stub_pid = os.getpid()
         self.control.set_health(stub=True, value=True)
@@ -125,6 +166,8 @@ class StubRuntime:
             self._stopping = True
             self.answers.push(0, timeout=0.1)
             answers.join(timeout=2.0)
+            for output in outputs:
+                output.drain()  # text a thread left without a final newline
 
     def serve(self) -> int:
         """The command loop."""
@@ -286,6 +329,7 @@ class StubRuntime:
                 result = None
             responses = self.check_responses(result, requests)
         except Exception as e:
+            self.log_failure(e)
             first = self.write_failure(requests, e, start)
         else:
             if any(r is None for r in responses):
@@ -320,7 +364,6 @@ class StubRuntime:
             responses.append(None if through_sender else InferenceResponse(error=TritonError(text)))
         if all(r is not None for r in responses):
             return codec.write_errors(self.pool, len(requests), text, times=times)
-        Logger.log_error(text)
         return codec.write_responses(self.pool, requests, responses, times, self.targets)
 
     def execute_decoupled(self, requests: list[InferenceRequest], start: int) -> None:
@@ -336,6 +379,7 @@ class StubRuntime:
                 raise _ExecuteError(f"Python model '{self.model_name}' is using the decoupled mode and the execute "
                                     "function must return None.")
         except Exception as e:
+            self.log_failure(e)
             self.responder.close_with_error(requests, self.failure_text(e))
 
     def run_async(self, coroutine: Any, requests: list[InferenceRequest], start: int) -> None:
@@ -357,12 +401,17 @@ class StubRuntime:
             else:
                 self.responder.deliver(requests, self.check_responses(result, requests, claim=False))
         except BaseException as e:  # noqa: BLE001  (a cancelled future too: its requests still need an end)
+            self.log_failure(e)
             self.responder.close_with_error(requests, self.failure_text(e))
 
     def failure_text(self, e: BaseException) -> str:
         """Triton's text for a failed ``execute``."""
-        detail = str(e) if isinstance(e, _ExecuteError) else format_exception(e)
-        return f"Failed to process the request(s) for model instance '{self.instance_name}', message: {detail}"
+        return f"Failed to process the request(s) for model instance '{self.instance_name}', message: {_detail(e)}"
+
+    def log_failure(self, e: BaseException) -> None:
+        """Logs a failed ``execute`` at ERROR, traceback included, in one record: Triton's stub
+        does so (``pb_stub.cc``) for every failure, whether or not a response carries it."""
+        Logger.log_error(f"Failed to process the request(s) for model '{self.instance_name}', message: {_detail(e)}")
 
     @staticmethod
     def check_responses(result: Any, requests: list[InferenceRequest],

@@ -1,0 +1,420 @@
+"""Ensembles (``platform: "ensemble"``): a graph of steps over the hosted models, run by the parent.
+
+Each step names a model (``model_version: -1``: its latest), feeds it ensemble tensors
+(``input_map``: model input -> ensemble tensor) and names what it produces (``output_map``: model
+output -> ensemble tensor). A step runs as soon as every tensor it reads exists; steps that are
+ready together run concurrently. The ensemble's inputs are the first tensors; its outputs are
+read from the last ones.
+
+Tensors travel between steps as the arrays the previous step returned (views of its stub's
+pool): the next stub's request copies them into its own pool, the one copy a process boundary
+needs. An ensemble output the client placed in a shared-memory region is written there by the
+step that produces it.
+
+A step whose model is decoupled may answer any number of times: each response continues the
+rest of the graph on its own, so the ensemble streams one response per completed path (and is
+itself decoupled), as Triton's ensemble scheduler does.
+
+Composing models are looked up at each request, so reloading one takes effect at once; an
+ensemble whose composing model is unloaded is not ready and fails its requests with a clear error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from stubhost.config import ModelConfig, config_to_dict
+from stubhost.host.errors import InferenceError
+from stubhost.host.inputs import RequestChecker
+from stubhost.host.regions import RegionDestination
+from stubhost.host.repository import ModelDir
+from stubhost.host.result import InferResponse
+from stubhost.host.stats import BACKEND, CANCELED, OTHER, ModelStatistics
+
+ModelLookup = Callable[[str], Any]  # a loaded model by name (LoadedModel or EnsembleModel), or None
+
+
+@dataclass(frozen=True)
+class EnsembleStep:
+    """One step: the model it runs, and its tensor maps (model tensor -> ensemble tensor)."""
+
+    index: int
+    model: str
+    version: str  # "" for -1 (the latest)
+    inputs: dict[str, str]
+    outputs: dict[str, str]
+
+
+def ensemble_steps(cfg: ModelConfig) -> list[EnsembleStep]:
+    """The steps of an ensemble configuration, in their declared order."""
+    return [EnsembleStep(i, s.model_name, "" if s.model_version in (-1, 0) else str(s.model_version),
+                         dict(s.input_map), dict(s.output_map))
+            for i, s in enumerate(cfg.ensemble_scheduling.step)]
+
+
+@dataclass
+class _Call:
+    """What every step of one ensemble request shares."""
+
+    parameters: str
+    request_id: str
+    correlation_id: int | str
+    flags: int
+    priority: int
+    timeout_us: int | None
+    deadline: float | None
+    destinations: dict[str, RegionDestination]  # ensemble output -> client region it goes to
+    requested: list[str]
+
+    def remaining(self) -> float | None:
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise InferenceError("UNAVAILABLE", f"Request timeout expired: the ensemble request "
+                                                f"'{self.request_id or '<id_unknown>'}' ran out of time")
+        return left
+
+
+class EnsembleModel:
+    """A loaded ensemble: the same serving interface as a LoadedModel, with no instances."""
+
+    def __init__(self, name: str, model_dir: ModelDir, config: ModelConfig, versions: Sequence[int],
+                 lookup: ModelLookup, decoupled: bool) -> None:
+        self.name = name
+        self.model_dir = model_dir
+        self.config = config
+        self.config_dict = config_to_dict(config)
+        self.versions: dict[int, list[Any]] = {v: [] for v in versions}
+        self.latest = max(versions)
+        self.checker = RequestChecker(name, self.config_dict)
+        self.stats = ModelStatistics()
+        self.steps = ensemble_steps(config)
+        self.decoupled = decoupled
+        self._lookup = lookup
+        self._inputs = [i["name"] for i in self.config_dict.get("input", [])]
+        self._outputs = [o["name"] for o in self.config_dict.get("output", [])]
+        self._consumed = {t for s in self.steps for t in s.inputs.values()}
+
+    # ---- loading ---------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, model_dir: ModelDir, cfg: ModelConfig, versions: Sequence[int], lookup: ModelLookup) -> EnsembleModel:
+        """Checks the wiring against the composing models as loaded now; raises InferenceError."""
+        name = cfg.name
+        config = config_to_dict(cfg)
+        available = {i["name"] for i in config.get("input", [])}
+        decoupled = bool(cfg.model_transaction_policy.decoupled)
+        steps = ensemble_steps(cfg)
+        for step in steps:
+            model = lookup(step.model)
+            if model is None:
+                raise InferenceError("INVALID_ARG", f"ensemble '{name}' depends on '{step.model}' which has no "
+                                                    "loaded version")
+            decoupled = decoupled or bool(model.decoupled)
+            _check_maps(name, step, model)
+        # Data flow: steps run in an order where each reads only what exists; all run, and
+        # every ensemble output is produced.
+        pending = list(steps)
+        while pending:
+            runnable = [s for s in pending if set(s.inputs.values()) <= available]
+            if not runnable:
+                missing = sorted({t for s in pending for t in s.inputs.values()} - available)
+                raise InferenceError("INVALID_ARG", f"ensemble '{name}': ensemble tensor(s) {', '.join(missing)} "
+                                                    "are read by a step but neither an ensemble input nor "
+                                                    "produced by a step that can run (or the steps form a cycle)")
+            for step in runnable:
+                available.update(step.outputs.values())
+                pending.remove(step)
+        for output in config.get("output", []):
+            if output["name"] not in available:
+                raise InferenceError("INVALID_ARG", f"ensemble '{name}': output '{output['name']}' is not produced "
+                                                    "by any step")
+        if decoupled:  # as Triton shows it: an ensemble with a decoupled step streams
+            cfg.model_transaction_policy.decoupled = True
+        return cls(name, model_dir, cfg, versions, lookup, decoupled)
+
+    # ---- the serving interface LoadedModel also has ------------------------------------------------
+    def instances(self) -> list[Any]:
+        """An ensemble has no instances of its own."""
+        return []
+
+    def ready(self, version: int | None = None) -> bool:
+        """True when every composing model is loaded and ready."""
+        if version is not None and version not in self.versions:
+            return False
+        for step in self.steps:
+            model = self._lookup(step.model)
+            if model is None or not model.ready():
+                return False
+        return True
+
+    def resolve_version(self, model_version: str | int) -> int:
+        """The version a request names ("" or -1: the latest)."""
+        if model_version in ("", -1, "-1"):
+            return self.latest
+        try:
+            version = int(model_version)
+        except (TypeError, ValueError):
+            raise InferenceError("INVALID_ARG", f"invalid model version '{model_version}'") from None
+        if version not in self.versions:
+            raise InferenceError("NOT_FOUND", f"Request for unknown model: '{self.name}' version {version} is not "
+                                              "found")
+        return version
+
+    def statistics(self, version: str | int = "") -> list[dict[str, Any]]:
+        """Triton's ``model_stats`` entries of the ensemble itself."""
+        versions = sorted(self.versions) if version in ("", None) else [self.resolve_version(version)]
+        return self.stats.snapshot(self.name, versions)
+
+    def pending(self, version: int) -> int:
+        """Requests wait in the composing models' queues, not in the ensemble's."""
+        return 0
+
+    def check_health(self) -> None:
+        """Nothing to watch: the composing models have their own stubs."""
+
+    def stop(self) -> None:
+        """Nothing to stop: requests in flight finish on the composing models."""
+
+    # ---- inference -------------------------------------------------------------------------------
+    def infer(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
+              model_version: str | int, parameters: str, request_id: str, timeout: float | None,
+              correlation_id: int | str, flags: int, *, timeout_us: int | None = None,
+              priority: int = 0) -> InferResponse:
+        """Runs the graph once and returns the ensemble's outputs."""
+        return _background(self.infer_async(inputs, outputs, model_version, parameters, request_id, timeout,
+                                            correlation_id, flags, timeout_us=timeout_us, priority=priority))
+
+    async def infer_async(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
+                          model_version: str | int, parameters: str, request_id: str, timeout: float | None,
+                          correlation_id: int | str, flags: int, *, timeout_us: int | None = None,
+                          priority: int = 0) -> InferResponse:
+        """``infer`` for asyncio callers."""
+        if self.decoupled:
+            raise InferenceError("UNSUPPORTED", f"model '{self.name}' uses the decoupled transaction policy: its "
+                                                "responses can only be streamed")
+        begin = time.monotonic_ns()
+        version: int | None = None
+        reason = OTHER
+        try:
+            version = self.resolve_version(model_version)
+            call = self._call(inputs, outputs, parameters, request_id, correlation_id, flags, priority, timeout_us,
+                              timeout)
+            reason = BACKEND
+            paths = self._run(dict(inputs), frozenset(), call)
+            try:
+                produced = await paths.__anext__()
+            except StopAsyncIteration:
+                raise InferenceError("INTERNAL", f"ensemble '{self.name}' produced no response") from None
+            finally:
+                await paths.aclose()
+        except (InferenceError, asyncio.CancelledError) as e:
+            self._failed(version, begin, reason, e)
+            raise
+        self._succeeded(version, inputs, begin)
+        return InferResponse(produced, {}, version)
+
+    def stream(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
+               model_version: str | int, parameters: str, request_id: str, timeout: float | None,
+               correlation_id: int | str, flags: int, *, timeout_us: int | None = None,
+               priority: int = 0) -> Generator[InferResponse, None, None]:
+        """The ensemble's responses as they come; leaving early cancels what still runs."""
+        responses = self.stream_async(inputs, outputs, model_version, parameters, request_id, timeout,
+                                      correlation_id, flags, timeout_us=timeout_us, priority=priority)
+        try:
+            while True:
+                try:
+                    yield _background(responses.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            _background(responses.aclose())
+
+    async def stream_async(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
+                           model_version: str | int, parameters: str, request_id: str, timeout: float | None,
+                           correlation_id: int | str, flags: int, *, timeout_us: int | None = None,
+                           priority: int = 0) -> AsyncGenerator[InferResponse, None]:
+        """``stream`` for asyncio callers: one response per finished path of a decoupled
+        ensemble, then an empty final one; the one response of any other ensemble."""
+        if not self.decoupled:
+            yield await self.infer_async(inputs, outputs, model_version, parameters, request_id, timeout,
+                                         correlation_id, flags, timeout_us=timeout_us, priority=priority)
+            return
+        begin = time.monotonic_ns()
+        version: int | None = None
+        reason = OTHER
+        try:
+            version = self.resolve_version(model_version)
+            call = self._call(inputs, outputs, parameters, request_id, correlation_id, flags, priority, timeout_us,
+                              timeout)
+            reason = BACKEND
+            async for produced in self._run(dict(inputs), frozenset(), call):
+                yield InferResponse(produced, {}, version, final=False)
+        except InferenceError as e:
+            self._failed(version, begin, reason, e)
+            if version is None or reason != BACKEND:
+                raise  # refused before it ran: the caller gets the error itself
+            # A failed step ends the stream with an error response, as a decoupled model's does.
+            yield InferResponse({}, {}, version, final=True, error=e)
+            return
+        except (asyncio.CancelledError, GeneratorExit) as e:
+            self._failed(version, begin, reason, e)
+            raise
+        self._succeeded(version, inputs, begin)
+        yield InferResponse({}, {}, version, final=True, empty=True)
+
+    def _failed(self, version: int | None, begin: int, reason: str, error: BaseException) -> None:
+        """Counts a failed request: CANCELED when its caller gave up or its time ran out."""
+        if version is None:
+            return
+        if not isinstance(error, InferenceError) or error.message.startswith("Request timeout expired"):
+            reason = CANCELED
+        self.stats.record_failure(version, begin, time.monotonic_ns(), reason)
+
+    def _succeeded(self, version: int, inputs: Mapping[str, Any], begin: int) -> None:
+        """Counts a success; its whole time is the ensemble's compute time (the composing models
+        count their own queue and compute times)."""
+        done = time.monotonic_ns()
+        batch = _batch_size(inputs) if self.config.max_batch_size > 0 else 1
+        self.stats.record_success(version, batch, begin, begin, begin, done, done)
+
+    # ---- the graph -------------------------------------------------------------------------------
+    def _call(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None, parameters: str,
+              request_id: str, correlation_id: int | str, flags: int, priority: int, timeout_us: int | None,
+              timeout: float | None) -> _Call:
+        """Validates a request against the ensemble's configuration."""
+        self.checker.check_inputs(inputs, request_id)
+        requested = self.checker.check_outputs(outputs, request_id) or list(self._outputs)
+        destinations: dict[str, RegionDestination] = {}
+        names: list[str] = []
+        for entry in requested:
+            if isinstance(entry, RegionDestination):
+                # The step that produces it writes it into the region, unless a later step reads
+                # it too: then it comes back as an array, which the front end copies there.
+                if entry.name not in self._consumed:
+                    destinations[entry.name] = entry
+                names.append(entry.name)
+            else:
+                names.append(entry)
+        return _Call(parameters, request_id, correlation_id, flags, priority, timeout_us,
+                     None if timeout is None else time.monotonic() + timeout, destinations, names)
+
+    def _model(self, step: EnsembleStep) -> Any:
+        model = self._lookup(step.model)
+        if model is None:
+            raise InferenceError("UNAVAILABLE", f"ensemble '{self.name}' depends on '{step.model}' which has no "
+                                                "loaded version")
+        return model
+
+    async def _run(self, tensors: dict[str, Any], done: frozenset[int], call: _Call) -> AsyncIterator[dict[str, Any]]:
+        """Runs what is runnable until nothing is; yields the requested outputs of each finished
+        path (one, unless a decoupled step forks the graph)."""
+        finished = set(done)
+        while True:
+            runnable = [s for s in self.steps if s.index not in finished and set(s.inputs.values()) <= tensors.keys()]
+            if not runnable:
+                break
+            plain = [s for s in runnable if not self._model(s).decoupled]
+            if len(plain) < len(runnable) and not self.decoupled:
+                raise InferenceError("UNAVAILABLE", f"ensemble '{self.name}' was loaded with no decoupled step, but "
+                                                    f"'{next(s for s in runnable if s not in plain).model}' is now decoupled: reload "
+                                                    "the ensemble")
+            if plain:
+                results = await asyncio.gather(*(self._run_step(s, tensors, call) for s in plain))
+                for step, produced in zip(plain, results):
+                    finished.add(step.index)
+                    tensors.update(produced)
+                continue
+            step = runnable[0]  # a decoupled step: every response of it goes on separately
+            finished.add(step.index)
+            async for produced in self._stream_step(step, tensors, call):
+                async for result in self._run({**tensors, **produced}, frozenset(finished), call):
+                    yield result
+            return
+        missing = [name for name in call.requested if name not in tensors]
+        if missing:
+            raise InferenceError("INTERNAL", f"ensemble '{self.name}' did not produce output(s) {', '.join(missing)}")
+        yield {name: tensors[name] for name in call.requested}
+
+    def _step_request(self, step: EnsembleStep, tensors: Mapping[str, Any],
+                      call: _Call) -> tuple[dict[str, Any], list[str | RegionDestination]]:
+        inputs = {model_input: tensors[tensor] for model_input, tensor in step.inputs.items()}
+        outputs: list[str | RegionDestination] = []
+        for model_output, tensor in step.outputs.items():
+            destination = call.destinations.get(tensor)
+            outputs.append(model_output if destination is None else
+                           dataclasses.replace(destination, name=model_output))
+        return inputs, outputs
+
+    async def _run_step(self, step: EnsembleStep, tensors: Mapping[str, Any], call: _Call) -> dict[str, Any]:
+        inputs, outputs = self._step_request(step, tensors, call)
+        response = await self._model(step).infer_async(
+            inputs, outputs, step.version, call.parameters, call.request_id, call.remaining(), call.correlation_id,
+            call.flags, timeout_us=call.timeout_us, priority=call.priority)
+        return {step.outputs[name]: value for name, value in response.outputs.items() if name in step.outputs}
+
+    async def _stream_step(self, step: EnsembleStep, tensors: Mapping[str, Any],
+                           call: _Call) -> AsyncIterator[dict[str, Any]]:
+        inputs, outputs = self._step_request(step, tensors, call)
+        responses = self._model(step).stream_async(
+            inputs, outputs, step.version, call.parameters, call.request_id, call.remaining(), call.correlation_id,
+            call.flags, timeout_us=call.timeout_us, priority=call.priority)
+        try:
+            async for response in responses:
+                if response.error is not None:
+                    raise response.error
+                if not response.empty:
+                    yield {step.outputs[n]: v for n, v in response.outputs.items() if n in step.outputs}
+        finally:
+            await responses.aclose()
+
+
+def _check_maps(name: str, step: EnsembleStep, model: Any) -> None:
+    """The step's maps name inputs and outputs its model has."""
+    config = model.config_dict
+    model_inputs = {i["name"] for i in config.get("input", [])}
+    model_outputs = {o["name"] for o in config.get("output", [])}
+    for model_input, tensor in step.inputs.items():
+        if model_input not in model_inputs:
+            raise InferenceError("INVALID_ARG", f"in ensemble {name}, ensemble tensor {tensor} is mapping to "
+                                                f"non-existing input {model_input} in model {step.model}")
+    for model_output, tensor in step.outputs.items():
+        if model_output not in model_outputs:
+            raise InferenceError("INVALID_ARG", f"in ensemble {name}, ensemble tensor {tensor} is mapped from "
+                                                f"non-existing output {model_output} in model {step.model}")
+
+
+def _batch_size(inputs: Mapping[str, Any]) -> int:
+    for value in inputs.values():
+        shape = getattr(value, "shape", None)
+        if shape:
+            return int(shape[0])
+    return 1
+
+
+# ---- the loop that runs sync callers' ensembles --------------------------------------------------
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def _background(coroutine: Any) -> Any:
+    """Runs a coroutine on a process-wide event loop thread and waits for it (sync callers)."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="stubhost-ensembles", daemon=True).start()
+            _loop = loop
+    future: Future[Any] = asyncio.run_coroutine_threadsafe(coroutine, _loop)
+    try:
+        return future.result()
+    except BaseException:
+        future.cancel()
+        raise
