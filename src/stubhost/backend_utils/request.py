@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stubhost.backend_utils import bls, response_sender
+from stubhost.backend_utils.constants import TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 from stubhost.backend_utils.errors import TritonModelException
 from stubhost.backend_utils.parameters import parameters_json
 from stubhost.backend_utils.response_sender import InferenceResponseSender, SenderState
@@ -21,7 +22,7 @@ class InferenceRequest:
     """One inference request: inputs, requested outputs, id, correlation id, flags, parameters."""
 
     __slots__ = ("_inputs", "_requested_output_names", "_request_id", "_correlation_id", "_flags", "_destinations",
-                 "_parameters", "_timeout", "_model_name", "_model_version", "_state")
+                 "_parameters", "_timeout", "_model_name", "_model_version", "_state", "_release_flags")
 
     def __init__(self, model_name: str = "", inputs: Sequence[Tensor] = (),
                  requested_output_names: Sequence[str] = (), request_id: str = "",
@@ -41,6 +42,7 @@ class InferenceRequest:
         self._model_version = int(model_version)
         self._destinations: dict[str, tuple[int, int, int]] | None = None
         self._state: SenderState | None = None
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     @classmethod
     def _from_stub(cls, inputs: list[Tensor], requested: list[str], request_id: str, correlation_id: int | str,
@@ -59,6 +61,7 @@ class InferenceRequest:
         r._model_version = model_version
         r._destinations = None  # outputs to write into clients' regions: name -> (region, offset, size)
         r._state = None  # set by the stub: the request's record handle and its sender's state
+        r._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         return r
 
     def inputs(self) -> list[Tensor]:
@@ -119,6 +122,15 @@ class InferenceRequest:
         (and other requests on it) go on meanwhile."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, functools.partial(self.exec, decoupled))
+
+    def set_release_flags(self, flags: int) -> None:
+        """``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` hands the request back to run again in a
+        later ``execute`` (iterative sequence batching); ``TRITONSERVER_REQUEST_RELEASE_ALL``
+        (the default) releases it when ``execute`` returns."""
+        if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
+            raise TritonModelException(f"unknown request release flags {flags!r}: use "
+                                       "TRITONSERVER_REQUEST_RELEASE_ALL or TRITONSERVER_REQUEST_RELEASE_RESCHEDULE")
+        self._release_flags = int(flags)
 
     def is_cancelled(self) -> bool:
         """True once the caller has cancelled this request (the model may stop early)."""

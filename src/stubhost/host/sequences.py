@@ -30,6 +30,9 @@ class SequenceRouter:
         self.model_name = model_name
         idle_us = int(config.sequence_batching.max_sequence_idle_microseconds) or DEFAULT_IDLE_US
         self.idle_ns = idle_us * 1000
+        # Iterative sequence batching: a request without a correlation id is a sequence of its
+        # own (it lives in one stub, which reruns it while the model reschedules it).
+        self.iterative = bool(config.sequence_batching.iterative_sequence)
         self._lock = threading.Lock()
         # (version, correlation id) -> [instance, last use in CLOCK_MONOTONIC ns]
         self._open: dict[tuple[int, int | str], list] = {}
@@ -41,6 +44,9 @@ class SequenceRouter:
         Triton's texts, for a request without a correlation id, or one that continues a sequence
         that is not open."""
         if correlation_id == 0 or correlation_id == "":
+            if self.iterative:
+                with self._lock:
+                    return self._least_used(version, group)
             raise InferenceError("INVALID_ARG", f"inference request to model '{self.model_name}' must specify a "
                                                 "non-zero or non-empty correlation ID")
         now = time.monotonic_ns()

@@ -26,6 +26,7 @@ from stubhost import _core
 from stubhost._core import Command, IPCControl, IPCMessage, MessageQueue, Pool
 from stubhost.backend_utils import bls, metrics
 from stubhost.backend_utils import helpers as pb_helpers
+from stubhost.backend_utils.constants import TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 from stubhost.backend_utils.errors import TritonError
 from stubhost.backend_utils.logger import Logger, LogLevel, ModelOutput, set_log_sink
 from stubhost.backend_utils.model_config import ModelConfig
@@ -115,6 +116,8 @@ class StubRuntime:
         self.model_name = ""
         self.model_version = 0
         self.regions: dict[int, memoryview] = {}  # client regions by id, read-only views for inputs
+        self.iterative = False  # sequence_batching { iterative_sequence: true }: requests may be rescheduled
+        self.rescheduled: list[InferenceRequest] = []  # to run again in the next execute
         self.targets: dict[int, memoryview] = {}  # the same regions, writable, for outputs placed there
         self.calls = MessageQueue.attach(self.pool, self.control.stub_to_parent_mq)
         self.answers = MessageQueue.attach(self.pool, self.control.parent_to_stub_mq)
@@ -181,8 +184,11 @@ class StubRuntime:
             Command.REGION_UNMAP: self.on_region_unmap,
         }
         while True:
-            handle = self.inbox.pop(timeout=1.0)
+            # Rescheduled requests run again as soon as the queue holds nothing to run with them.
+            handle = self.inbox.pop(timeout=0.0 if self.rescheduled else 1.0)
             if handle is None:
+                if self.rescheduled:
+                    self.run_rescheduled()
                 continue
             message = IPCMessage.attach(self.pool, handle)
             command = message.command
@@ -274,6 +280,8 @@ class StubRuntime:
         self.instance_name = args["model_instance_name"]
         self.model_version = int(args["model_version"])
         self.decoupled = self.responder.decoupled = bool(payload.get("decoupled", False))
+        config = json.loads(args["model_config"])
+        self.iterative = bool((config.get("sequence_batching") or {}).get("iterative_sequence", False))
         model = module.TritonPythonModel()
         if not callable(getattr(model, "execute", None)):
             raise AttributeError("TritonPythonModel must define an 'execute' method")
@@ -316,22 +324,32 @@ class StubRuntime:
     def on_execute(self, message: IPCMessage) -> None:
         requests = codec.read_requests(self.pool, message.args, self.model_name, self.model_version, self.regions)
         start = time.monotonic_ns()
+        # Requests rescheduled by the last execute join this batch, first (their callers were
+        # answered "deferred" already: their responses go through their senders).
+        carried, self.rescheduled = self.rescheduled, []
         if self.decoupled:
-            self.execute_decoupled(requests, start)
+            self.execute_decoupled(carried + requests, start)
             message.reply(REPLY_OK, 0)
             return
+        batch = carried + requests
         try:
-            result = self.model.execute(requests)
+            result = self.model.execute(batch)
             if asyncio.iscoroutine(result):
                 # Run in the background so that the next Execute need not wait (Triton waits);
                 # the responses then travel through the requests' senders.
-                self.run_async(result, requests, start)
+                self.run_async(result, batch, start)
                 result = None
-            responses = self.check_responses(result, requests)
+            checked = self.check_responses(result, batch, claim=False)
+            # A rescheduled request's entry is no response: dropped before the others are
+            # claimed as this reply's answers.
+            own = self.keep_rescheduled(requests, checked[len(carried):], deferred=True)[1]
+            responses = self.check_responses(own, requests)
         except Exception as e:
             self.log_failure(e)
+            self.responder.close_with_error(carried, self.failure_text(e))
             first = self.write_failure(requests, e, start)
         else:
+            self.responder.deliver(*self.keep_rescheduled(carried, checked[:len(carried)]))
             if any(r is None for r in responses):
                 for request, response in zip(requests, responses):
                     if response is None:
@@ -339,6 +357,62 @@ class StubRuntime:
             first = codec.write_responses(self.pool, requests, responses, (start, time.monotonic_ns(), 0),
                                           self.targets)
         message.reply(REPLY_OK, first)
+
+    def run_rescheduled(self) -> None:
+        """Runs the requests the last ``execute`` rescheduled, with no new request to join them."""
+        carried, self.rescheduled = self.rescheduled, []
+        start = time.monotonic_ns()
+        if self.decoupled:
+            self.execute_decoupled(carried, start)
+            return
+        try:
+            result = self.model.execute(carried)
+            if asyncio.iscoroutine(result):
+                self.run_async(result, carried, start)
+                return
+            checked = self.check_responses(result, carried, claim=False)
+        except Exception as e:
+            self.log_failure(e)
+            self.responder.close_with_error(carried, self.failure_text(e))
+            return
+        self.responder.deliver(*self.keep_rescheduled(carried, checked))
+
+    def keep_rescheduled(self, requests: list[InferenceRequest], responses: list[InferenceResponse | None],
+                         deferred: bool = False) -> tuple[list[InferenceRequest], list[InferenceResponse | None]]:
+        """Takes the requests released with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`` out of a
+        default-mode batch: they run again in a later ``execute`` and their entry (None, as
+        Triton asks) is no response. In a model without iterative sequence batching such a
+        request fails, with Triton's words. Returns the requests and responses that remain.
+        With `deferred` (requests whose caller waits for this reply) every request remains and a
+        rescheduled one's entry becomes None: the reply calls it deferred, and its response
+        comes through its sender later."""
+        if not any(r._release_flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE for r in requests):
+            return requests, responses
+        out: list[InferenceResponse | None] = []
+        for request, response in zip(requests, responses):
+            if request._release_flags != TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                out.append(response)
+            elif not self.iterative:
+                request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+                out.append(InferenceResponse(error=TritonError(self.reschedule_refused())))
+            else:
+                self.reschedule(request)
+                out.append(None)
+        if deferred:
+            return requests, out
+        kept = [(q, r) for q, r in zip(requests, out) if q not in self.rescheduled]
+        return [q for q, _ in kept], [r for _, r in kept]
+
+    def reschedule(self, request: InferenceRequest) -> None:
+        """Queues a request for a later ``execute``, as Triton's iterative sequencer re-enqueues
+        it: no longer the start (nor the end) of its sequence, released with ALL by default."""
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        request._flags = 0
+        self.rescheduled.append(request)
+
+    def reschedule_refused(self) -> str:
+        return (f"Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, but model '{self.model_name}' "
+                "does not use iterative sequence batching (sequence_batching { iterative_sequence: true })")
 
     def write_failure(self, requests: list[InferenceRequest], e: Exception, start: int) -> int:
         """The reply of a failed default-mode ``execute``: each request fails with the error,
@@ -381,6 +455,14 @@ class StubRuntime:
         except Exception as e:
             self.log_failure(e)
             self.responder.close_with_error(requests, self.failure_text(e))
+            return
+        for request in requests:
+            if request._release_flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                if self.iterative:
+                    self.reschedule(request)
+                else:
+                    request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+                    self.responder.close_with_error([request], self.reschedule_refused())
 
     def run_async(self, coroutine: Any, requests: list[InferenceRequest], start: int) -> None:
         """Runs an ``async def execute`` on the stub's event loop without waiting for it."""
@@ -394,6 +476,9 @@ class StubRuntime:
         """Delivers what an async ``execute`` returned (or its failure) through the senders."""
         try:
             result = future.result()
+            if any(r._release_flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE for r in requests):
+                raise _ExecuteError("Request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not supported "
+                                    "with 'async def execute' in stubhost")
             if self.decoupled:
                 if result is not None:
                     raise _ExecuteError(f"Python model '{self.model_name}' is using the decoupled mode and the "
@@ -447,6 +532,9 @@ class StubRuntime:
 
     def on_finalize(self, message: IPCMessage) -> None:
         self.caller.allowed = False
+        carried, self.rescheduled = self.rescheduled, []
+        self.responder.close_with_error(carried, f"model '{self.model_name}' is being unloaded; the rescheduled "
+                                                 "request did not finish", TritonError.UNAVAILABLE)
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
         if self.model is not None and hasattr(self.model, "finalize"):
