@@ -260,3 +260,13 @@ class TritonPythonModel:
         assert responses[0].error is not None and "negative input to double" in responses[0].error.message
         with pytest.raises(stubhost.InferenceError, match="negative input to double"):
             list(server.stream("fails", {"IN": np.array([1], np.int32)}))
+
+
+def test_unload_dependents_unloads_the_composing_models_too(tmp_path: Path) -> None:
+    repo = copy_examples(tmp_path / "models", "add_sub", "add_sub_twice", "identity")
+    with stubhost.Server(repo) as server:
+        server.unload("add_sub_twice")
+        assert server.models() == ["add_sub", "identity"]  # its models stay without the parameter
+        server.load("add_sub_twice")
+        server.unload("add_sub_twice", unload_dependents=True)
+        assert server.models() == ["identity"]

@@ -127,3 +127,19 @@ def test_a_streaming_ensemble_over_model_stream_infer(server: ServeProcess) -> N
 def test_a_streaming_ensemble_is_refused_on_plain_infer(conn: Conn) -> None:
     error = error_of(conn.client.infer, "stream_tens", [conn.input("IN", np.array([1], np.int32))])
     assert "decoupled" in error.message()
+
+
+def test_unload_dependents_over_both_protocols(tmp_path_factory: pytest.TempPathFactory) -> None:
+    repo = copy_examples(tmp_path_factory.mktemp("ensemble_unload") / "models", "add_sub", "add_sub_twice")
+    with ServeProcess(repo, "--model-control-mode", "explicit", "--load-model", "add_sub_twice") as srv:
+        for protocol in PROTOCOLS:
+            conn = Conn.open(protocol, srv)
+            try:
+                assert conn.client.is_model_ready("add_sub")  # loaded along with the ensemble
+                conn.client.unload_model("add_sub_twice", unload_dependents=True)
+                assert not conn.client.is_model_ready("add_sub_twice")
+                assert not conn.client.is_model_ready("add_sub")
+                conn.client.load_model("add_sub_twice")
+                assert conn.client.is_model_ready("add_sub")
+            finally:
+                conn.close()

@@ -76,8 +76,8 @@ def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    """Unloads a model (``unload_dependents`` has no meaning without ensembles: it is ignored)."""
-    _caller.control({"op": "unload", "name": str(model_name)})
+    """Unloads a model; ``unload_dependents`` also unloads an ensemble's composing models."""
+    _caller.control({"op": "unload", "name": str(model_name), "unload_dependents": bool(unload_dependents)})
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:

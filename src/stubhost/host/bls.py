@@ -166,7 +166,7 @@ class BlsService:
                     server.load(name, config=payload.get("config") or None,
                                 files={str(k): base64.b64decode(str(v)) for k, v in files.items()} or None)
                 else:
-                    server.unload(name)
+                    server.unload(name, unload_dependents=payload.get("unload_dependents") is True)
             else:
                 raise InferenceError("INVALID_ARG", f"unknown model control operation {op!r}")
             answer: dict[str, Any] = {"result": result}

@@ -232,10 +232,16 @@ class Server:
         if old is not None:
             _stop(old)
 
-    def unload(self, name: str) -> None:
-        """Finalizes and stops a model."""
+    def unload(self, name: str, *, unload_dependents: bool = False) -> None:
+        """Finalizes and stops a model. With ``unload_dependents``, an ensemble's composing
+        models (and theirs) are unloaded too, as Triton's unload parameter of that name does."""
         with self._control_lock:
+            model = self._models.get(name)
+            dependents = _ensemble_models(model) if unload_dependents and model is not None else []
             self._unload(name)
+            for dependent in dependents:
+                if dependent in self._models:
+                    self._unload(dependent)
 
     def _unload(self, name: str) -> None:
         with self._lock:
@@ -575,6 +581,20 @@ def _with_dependencies(names: list[str], found: Mapping[str, ModelDir]) -> list[
     for name in out:  # grows while it is walked: dependencies of dependencies join the walk
         if name in found:
             out.extend(d for d in ensemble_dependencies(found[name]) if d not in out)
+    return out
+
+
+def _ensemble_models(model: Any) -> list[str]:
+    """The models an ensemble runs, nested ensembles' included, depth first (none for others)."""
+    steps = getattr(model, "steps", None)
+    if not steps:
+        return []
+    out: list[str] = []
+    for step in steps:
+        if step.model not in out:
+            out.append(step.model)
+            lookup = model._lookup(step.model)
+            out.extend(n for n in _ensemble_models(lookup) if n not in out)
     return out
 
 

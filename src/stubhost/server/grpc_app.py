@@ -150,7 +150,9 @@ class GrpcFrontend:
 
     async def repository_model_unload(self, request: pb.RepositoryModelUnloadRequest,
                                       context: Any) -> pb.RepositoryModelUnloadResponse:
-        await self.service.unload(request.model_name)
+        parameters = {key: getattr(value, value.WhichOneof("parameter_choice") or "string_param")
+                      for key, value in request.parameters.items()}
+        await self.service.unload(request.model_name, parameters)
         return pb.RepositoryModelUnloadResponse()
 
     # ---- shared memory ---------------------------------------------------------------------------

@@ -377,7 +377,7 @@ class HttpFrontend:
             if rest[2] == "load":
                 await self.service.load(rest[1], _load_parameters(rest[1], parameters))
             else:
-                await self.service.unload(rest[1])
+                await self.service.unload(rest[1], parameters)
             await self._reply(send, 200, headers=[])
             return
         raise HttpError(404, "Not Found")

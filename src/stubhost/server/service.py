@@ -27,7 +27,8 @@ from stubhost.server.types import InferRequest, InferResult, InputTensor, Output
 from stubhost.tensor import numpy_to_triton_dtype, triton_to_numpy_dtype
 
 # What the server metadata lists: only extensions that work end to end.
-EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "system_shared_memory",
+EXTENSIONS = ["binary_tensor_data", "model_repository", "model_repository(unload_dependents)", "statistics",
+              "system_shared_memory",
               "cuda_shared_memory", "parameters", "logging"]
 
 MAX_TENSORS = 1024  # default limit on inputs, and on requested outputs, of one request
@@ -206,10 +207,15 @@ class InferenceService:
         await asyncio.get_running_loop().run_in_executor(
             None, functools.partial(self.server.load, name, config=config, files=files))
 
-    async def unload(self, name: str) -> None:
-        """Unloads a model, in explicit model-control mode; other models' requests are untouched."""
+    async def unload(self, name: str, parameters: Mapping[str, Any] | None = None) -> None:
+        """Unloads a model, in explicit model-control mode; other models' requests are untouched.
+        The "unload_dependents" parameter also unloads an ensemble's composing models."""
         self._check_model_control()
-        await asyncio.get_running_loop().run_in_executor(None, self.server.unload, name)
+        dependents = (parameters or {}).get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InferenceError("INVALID_ARG", "the 'unload_dependents' parameter must be a boolean")
+        await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(self.server.unload, name, unload_dependents=dependents))
 
     # ---- inference -------------------------------------------------------------------------------
     async def infer(self, request: InferRequest, *, endpoint: str = "HTTP end point") -> InferResult:
