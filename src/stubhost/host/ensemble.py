@@ -26,7 +26,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,9 +188,25 @@ class EnsembleModel:
               model_version: str | int, parameters: str, request_id: str, timeout: float | None,
               correlation_id: int | str, flags: int, *, timeout_us: int | None = None,
               priority: int = 0) -> InferResponse:
-        """Runs the graph once and returns the ensemble's outputs."""
-        return _background(self.infer_async(inputs, outputs, model_version, parameters, request_id, timeout,
-                                            correlation_id, flags, timeout_us=timeout_us, priority=priority))
+        """Runs the graph once and returns the ensemble's outputs. The caller's thread runs the
+        steps itself (steps ready together: all but one in worker threads)."""
+        if self.decoupled:
+            raise InferenceError("UNSUPPORTED", f"model '{self.name}' uses the decoupled transaction policy: its "
+                                                "responses can only be streamed")
+        begin = time.monotonic_ns()
+        version: int | None = None
+        reason = OTHER
+        try:
+            version = self.resolve_version(model_version)
+            call = self._call(inputs, outputs, parameters, request_id, correlation_id, flags, priority, timeout_us,
+                              timeout)
+            reason = BACKEND
+            produced = self._run_sync(dict(inputs), call)
+        except InferenceError as e:
+            self._failed(version, begin, reason, e)
+            raise
+        self._succeeded(version, inputs, begin)
+        return InferResponse(produced, {}, version)
 
     async def infer_async(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
                           model_version: str | int, parameters: str, request_id: str, timeout: float | None,
@@ -326,6 +342,10 @@ class EnsembleModel:
                 raise InferenceError("UNAVAILABLE", f"ensemble '{self.name}' was loaded with no decoupled step, but "
                                                     f"'{next(s for s in runnable if s not in plain).model}' is now decoupled: reload "
                                                     "the ensemble")
+            if len(plain) == 1:  # no tasks to make for the common chain of steps
+                finished.add(plain[0].index)
+                tensors.update(await self._run_step(plain[0], tensors, call))
+                continue
             if plain:
                 results = await asyncio.gather(*(self._run_step(s, tensors, call) for s in plain))
                 for step, produced in zip(plain, results):
@@ -342,6 +362,34 @@ class EnsembleModel:
         if missing:
             raise InferenceError("INTERNAL", f"ensemble '{self.name}' did not produce output(s) {', '.join(missing)}")
         yield {name: tensors[name] for name in call.requested}
+
+    def _run_sync(self, tensors: dict[str, Any], call: _Call) -> dict[str, Any]:
+        """The graph of an ensemble without decoupled steps, run by the calling thread."""
+        finished: set[int] = set()
+        while True:
+            runnable = [s for s in self.steps if s.index not in finished and set(s.inputs.values()) <= tensors.keys()]
+            if not runnable:
+                break
+            if any(self._model(s).decoupled for s in runnable):
+                raise InferenceError("UNAVAILABLE", f"ensemble '{self.name}' was loaded with no decoupled step, but "
+                                                    f"'{next(s for s in runnable if self._model(s).decoupled).model}' "
+                                                    "is now decoupled: reload the ensemble")
+            others = [_workers().submit(self._run_step_sync, s, tensors, call) for s in runnable[1:]]
+            results = [self._run_step_sync(runnable[0], tensors, call)] + [f.result() for f in others]
+            for step, produced in zip(runnable, results):
+                finished.add(step.index)
+                tensors.update(produced)
+        missing = [name for name in call.requested if name not in tensors]
+        if missing:
+            raise InferenceError("INTERNAL", f"ensemble '{self.name}' did not produce output(s) {', '.join(missing)}")
+        return {name: tensors[name] for name in call.requested}
+
+    def _run_step_sync(self, step: EnsembleStep, tensors: Mapping[str, Any], call: _Call) -> dict[str, Any]:
+        inputs, outputs = self._step_request(step, tensors, call)
+        response = self._model(step).infer(
+            inputs, outputs, step.version, call.parameters, call.request_id, call.remaining(), call.correlation_id,
+            call.flags, timeout_us=call.timeout_us, priority=call.priority)
+        return {step.outputs[name]: value for name, value in response.outputs.items() if name in step.outputs}
 
     def _step_request(self, step: EnsembleStep, tensors: Mapping[str, Any],
                       call: _Call) -> tuple[dict[str, Any], list[str | RegionDestination]]:
@@ -399,9 +447,19 @@ def _batch_size(inputs: Mapping[str, Any]) -> int:
     return 1
 
 
-# ---- the loop that runs sync callers' ensembles --------------------------------------------------
+# ---- the threads that run sync callers' steps and streams -----------------------------------------
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def _workers() -> ThreadPoolExecutor:
+    """Threads for the steps a sync caller's round runs beside its own (made on first use)."""
+    global _pool
+    with _loop_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="stubhost-ensemble-step")
+        return _pool
 
 
 def _background(coroutine: Any) -> Any:
