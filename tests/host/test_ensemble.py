@@ -270,3 +270,41 @@ def test_unload_dependents_unloads_the_composing_models_too(tmp_path: Path) -> N
         server.load("add_sub_twice")
         server.unload("add_sub_twice", unload_dependents=True)
         assert server.models() == ["identity"]
+
+
+NAP_PY = """
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep({nap})
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+                for r in requests]
+"""
+
+
+def test_a_step_starts_when_its_inputs_exist_not_when_its_round_ends(tmp_path: Path) -> None:
+    """slow (1 s) beside fast -> then (0.6 s): in rounds `then` would wait for `slow` (1.6 s);
+    scheduled on each step's completion the whole request takes about 1 s."""
+    repo = tmp_path / "models"
+    vec_in, vec_out = [io("X", "TYPE_FP32", [-1])], [io("Y", "TYPE_FP32", [-1])]
+    for name, nap in (("slow", 1.0), ("fast", 0.0), ("then", 0.6)):
+        write_model(repo, name, NAP_PY.replace("{nap}", str(nap)), config_pbtxt(name, vec_in, vec_out))
+    write_ensemble(repo, "branches", ensemble_config(
+        "branches", vec_in, [io("A", "TYPE_FP32", [-1]), io("C", "TYPE_FP32", [-1])], [
+            ("slow", {"X": "X"}, {"Y": "A"}), ("fast", {"X": "X"}, {"Y": "B"}), ("then", {"X": "B"}, {"Y": "C"})]))
+    x = np.ones(2, np.float32)
+    with stubhost.Server(repo) as server:
+        server.infer("branches", {"X": x})  # warm
+        start = time.monotonic()
+        out = server.infer("branches", {"X": x})
+        sync_s = time.monotonic() - start
+        start = time.monotonic()
+        out_async = asyncio.run(server.infer_async("branches", {"X": x}))
+        async_s = time.monotonic() - start
+    for result in (out, out_async):
+        np.testing.assert_array_equal(result["A"], x)
+        np.testing.assert_array_equal(result["C"], x)
+    assert sync_s < 1.45 and async_s < 1.45, (sync_s, async_s)

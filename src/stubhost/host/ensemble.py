@@ -26,7 +26,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -330,59 +330,86 @@ class EnsembleModel:
         return model
 
     async def _run(self, tensors: dict[str, Any], done: frozenset[int], call: _Call) -> AsyncIterator[dict[str, Any]]:
-        """Runs what is runnable until nothing is; yields the requested outputs of each finished
-        path (one, unless a decoupled step forks the graph)."""
+        """Runs every step once its inputs exist, each as soon as they do (a fast branch's next
+        step never waits for a slow sibling); yields the requested outputs of each finished path
+        (one, unless a decoupled step forks the graph)."""
         finished = set(done)
-        while True:
-            runnable = [s for s in self.steps if s.index not in finished and set(s.inputs.values()) <= tensors.keys()]
-            if not runnable:
-                break
-            plain = [s for s in runnable if not self._model(s).decoupled]
-            if len(plain) < len(runnable) and not self.decoupled:
-                raise InferenceError("UNAVAILABLE", f"ensemble '{self.name}' was loaded with no decoupled step, but "
-                                                    f"'{next(s for s in runnable if s not in plain).model}' is now decoupled: reload "
-                                                    "the ensemble")
-            if len(plain) == 1:  # no tasks to make for the common chain of steps
-                finished.add(plain[0].index)
-                tensors.update(await self._run_step(plain[0], tensors, call))
-                continue
-            if plain:
-                results = await asyncio.gather(*(self._run_step(s, tensors, call) for s in plain))
-                for step, produced in zip(plain, results):
-                    finished.add(step.index)
-                    tensors.update(produced)
-                continue
-            step = runnable[0]  # a decoupled step: every response of it goes on separately
-            finished.add(step.index)
-            async for produced in self._stream_step(step, tensors, call):
-                async for result in self._run({**tensors, **produced}, frozenset(finished), call):
-                    yield result
-            return
-        missing = [name for name in call.requested if name not in tensors]
-        if missing:
-            raise InferenceError("INTERNAL", f"ensemble '{self.name}' did not produce output(s) {', '.join(missing)}")
-        yield {name: tensors[name] for name in call.requested}
-
-    def _run_sync(self, tensors: dict[str, Any], call: _Call) -> dict[str, Any]:
-        """The graph of an ensemble without decoupled steps, run by the calling thread."""
-        finished: set[int] = set()
-        while True:
-            runnable = [s for s in self.steps if s.index not in finished and set(s.inputs.values()) <= tensors.keys()]
-            if not runnable:
-                break
-            if any(self._model(s).decoupled for s in runnable):
-                raise InferenceError("UNAVAILABLE", f"ensemble '{self.name}' was loaded with no decoupled step, but "
-                                                    f"'{next(s for s in runnable if self._model(s).decoupled).model}' "
-                                                    "is now decoupled: reload the ensemble")
-            others = [_workers().submit(self._run_step_sync, s, tensors, call) for s in runnable[1:]]
-            results = [self._run_step_sync(runnable[0], tensors, call)] + [f.result() for f in others]
-            for step, produced in zip(runnable, results):
+        running: dict[asyncio.Future[dict[str, Any]], EnsembleStep] = {}
+        try:
+            while True:
+                ready = self._ready(tensors, finished, running.values())
+                plain = [s for s in ready if not self._model(s).decoupled]
+                if len(plain) < len(ready) and not self.decoupled:
+                    raise self._became_decoupled(next(s for s in ready if s not in plain))
+                if len(plain) == 1 and not running:  # a chain of steps: no task to make
+                    finished.add(plain[0].index)
+                    tensors.update(await self._run_step(plain[0], tensors, call))
+                    continue
+                for step in plain:
+                    running[asyncio.ensure_future(self._run_step(step, tensors, call))] = step
+                if running:
+                    completed, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    for future in completed:
+                        finished.add(running.pop(future).index)
+                        tensors.update(future.result())
+                    continue
+                if not ready:
+                    break
+                step = ready[0]  # a decoupled step: every response of it goes on separately
                 finished.add(step.index)
-                tensors.update(produced)
+                async for produced in self._stream_step(step, tensors, call):
+                    async for result in self._run({**tensors, **produced}, frozenset(finished), call):
+                        yield result
+                return
+        finally:
+            for future in running:
+                future.cancel()
+        yield self._outputs_of(tensors, call)
+
+    def _ready(self, tensors: Mapping[str, Any], finished: set[int], running: Any) -> list[EnsembleStep]:
+        """Steps not run nor running whose inputs all exist."""
+        busy = {s.index for s in running}
+        return [s for s in self.steps
+                if s.index not in finished and s.index not in busy and set(s.inputs.values()) <= tensors.keys()]
+
+    def _became_decoupled(self, step: EnsembleStep) -> InferenceError:
+        return InferenceError("UNAVAILABLE", f"ensemble '{self.name}' was loaded with no decoupled step, but "
+                                             f"'{step.model}' is now decoupled: reload the ensemble")
+
+    def _outputs_of(self, tensors: Mapping[str, Any], call: _Call) -> dict[str, Any]:
         missing = [name for name in call.requested if name not in tensors]
         if missing:
             raise InferenceError("INTERNAL", f"ensemble '{self.name}' did not produce output(s) {', '.join(missing)}")
         return {name: tensors[name] for name in call.requested}
+
+    def _run_sync(self, tensors: dict[str, Any], call: _Call) -> dict[str, Any]:
+        """The graph of an ensemble without decoupled steps for a synchronous caller: a lone
+        ready step runs in the caller's thread, steps ready together in worker threads, each
+        step as soon as its inputs exist."""
+        finished: set[int] = set()
+        running: dict[Future[dict[str, Any]], EnsembleStep] = {}
+        try:
+            while True:
+                ready = self._ready(tensors, finished, running.values())
+                for step in ready:
+                    if self._model(step).decoupled:
+                        raise self._became_decoupled(step)
+                if len(ready) == 1 and not running:
+                    finished.add(ready[0].index)
+                    tensors.update(self._run_step_sync(ready[0], tensors, call))
+                    continue
+                for step in ready:
+                    running[_workers().submit(self._run_step_sync, step, tensors, call)] = step
+                if not running:
+                    break
+                completed, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in completed:
+                    finished.add(running.pop(future).index)
+                    tensors.update(future.result())
+        finally:
+            for future in running:
+                future.cancel()
+        return self._outputs_of(tensors, call)
 
     def _run_step_sync(self, step: EnsembleStep, tensors: Mapping[str, Any], call: _Call) -> dict[str, Any]:
         inputs, outputs = self._step_request(step, tensors, call)
