@@ -25,7 +25,7 @@ import uvicorn
 
 from stubhost.host.errors import InferenceError
 from stubhost.host.server import Server
-from stubhost.logs import UNESCAPED, add_log_arguments, configure_logging
+from stubhost.logs import UNESCAPED, add_log_arguments, configure_logging, flag_bool
 from stubhost.server.grpc_app import create_grpc_server
 from stubhost.server.http_app import DEFAULT_MAX_BODY, HttpFrontend
 from stubhost.server.backend_config import parse_backend_config
@@ -34,15 +34,6 @@ from stubhost.server.restricted import Restrictions
 from stubhost.server.service import InferenceService
 
 log = logging.getLogger("stubhost")
-
-
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean, got '{text}'")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, port in (("http", 8000), ("grpc", 8001), ("metrics", 8002)):
         serve.add_argument(f"--{name}-port", type=int, default=port, help=f"{name} port (0: any free port)")
         serve.add_argument(f"--{name}-address", default=None, metavar="ADDR", help="default 0.0.0.0")
-        serve.add_argument(f"--allow-{name}", type=_bool, default=True, metavar="BOOL")
+        serve.add_argument(f"--allow-{name}", type=flag_bool, default=True, metavar="BOOL")
     serve.add_argument("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
                        help="require header KEY=VALUE for these API groups, e.g. model-repository,shared-memory:k=v")
     serve.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="APIS:KEY=VALUE",
@@ -68,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
     serve.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECONDS",
                        help="in poll mode, the time between two looks at the repositories")
-    serve.add_argument("--strict-readiness", type=_bool, default=True, metavar="BOOL",
+    serve.add_argument("--strict-readiness", type=flag_bool, default=True, metavar="BOOL",
                        help="false: ready whenever live, even while models are not")
     serve.add_argument("--model-load-thread-count", type=int, default=4, metavar="N",
                        help="how many models load at once")
@@ -78,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         serve.add_argument(flag, action="append", default=[], metavar="VALUE", help=argparse.SUPPRESS)
     serve.add_argument("--load-model", action="append", default=[], metavar="NAME",
                        help="in explicit mode, a model to load at start-up ('*': all)")
-    serve.add_argument("--exit-on-error", type=_bool, default=True, metavar="BOOL",
+    serve.add_argument("--exit-on-error", type=flag_bool, default=True, metavar="BOOL",
                        help="fail start-up when a model fails to load")
-    serve.add_argument("--strict-model-config", type=_bool, default=None, metavar="BOOL",
+    serve.add_argument("--strict-model-config", type=flag_bool, default=None, metavar="BOOL",
                        help="true: no auto-completion of model configurations")
     serve.add_argument("--disable-auto-complete-config", action="store_true")
     serve.add_argument("--exit-timeout-secs", type=float, default=30.0,
@@ -238,7 +229,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     for flag in REFUSED_WHEN_TRUE:
         try:
-            wanted = any(_bool(v) for v in getattr(args, flag.lstrip("-").replace("-", "_")))
+            wanted = any(flag_bool(v) for v in getattr(args, flag.lstrip("-").replace("-", "_")))
         except argparse.ArgumentTypeError as e:
             print(f"error: {flag}: {e}", file=sys.stderr)
             return 2

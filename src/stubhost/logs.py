@@ -240,7 +240,8 @@ class TritonFormatter(logging.Formatter):
 
 
 # ---- the command line -----------------------------------------------------------------------------
-def _bool(text: str) -> bool:
+def flag_bool(text: str) -> bool:
+    """A boolean command-line value as tritonserver reads them (true/false, 1/0, yes/no, on/off)."""
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
         return True
@@ -253,10 +254,10 @@ def add_log_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds tritonserver's logging flags, with its defaults."""
     parser.add_argument("--log-verbose", type=int, default=0, metavar="N",
                         help="verbose logging level: 0 disables verbose logging, >= 1 enables it")
-    parser.add_argument("--log-info", type=_bool, default=True, metavar="BOOL", help="enable/disable INFO lines")
-    parser.add_argument("--log-warning", type=_bool, default=True, metavar="BOOL",
+    parser.add_argument("--log-info", type=flag_bool, default=True, metavar="BOOL", help="enable/disable INFO lines")
+    parser.add_argument("--log-warning", type=flag_bool, default=True, metavar="BOOL",
                         help="enable/disable WARNING lines")
-    parser.add_argument("--log-error", type=_bool, default=True, metavar="BOOL", help="enable/disable ERROR lines")
+    parser.add_argument("--log-error", type=flag_bool, default=True, metavar="BOOL", help="enable/disable ERROR lines")
     parser.add_argument("--log-format", choices=FORMATS, default="default",
                         help="'default' (LMMDD hh:mm:ss.ssssss) or 'ISO8601' (YYYY-MM-DDThh:mm:ssZ L)")
     parser.add_argument("--log-file", default="", metavar="PATH",

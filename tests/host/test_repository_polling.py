@@ -14,26 +14,7 @@ import pytest
 
 import stubhost
 from tests.host.repo_factory import SLEEPY_PY, config_pbtxt, io, sleepy_config, wait_until, write_model
-
-CONSTANT_PY = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.array([{value}], dtype=np.int32))])
-                for _ in requests]
-"""
-
-
-def constant_model(repo: Path, name: str, value: int) -> None:
-    write_model(repo, name, CONSTANT_PY.replace("{value}", str(value)), config_pbtxt(
-        name, [io("INPUT0", "TYPE_INT32", [1])], [io("OUTPUT0", "TYPE_INT32", [1])]))
-
-
-def constant(server: stubhost.Server, name: str) -> int:
-    return int(server.infer(name, {"INPUT0": np.zeros(1, np.int32)})["OUTPUT0"][0])
+from tests.host.test_model_control import constant, constant_model
 
 
 def touch_later(path: Path) -> None:

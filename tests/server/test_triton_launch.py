@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.host.repo_factory import config_pbtxt, io, wait_until, write_model
+from tests.host.repo_factory import wait_until
+from tests.host.test_model_control import constant_model
 from tests.server.frontend_support import PROTOCOLS, Conn, error_of
 from tests.server.serve_process import ServeProcess
 
@@ -42,23 +43,6 @@ exec tritonserver \\
     --id=production --http-thread-count=8 --exit-timeout-secs=10 \\
     --log-verbose=0 --log-info=true --log-warning=true --log-error=true --log-format=default
 """
-
-CONSTANT_PY = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.array([{value}], dtype=np.int32))])
-                for _ in requests]
-"""
-
-
-def constant_model(repo: Path, name: str, value: int) -> None:
-    write_model(repo, name, CONSTANT_PY.replace("{value}", str(value)), config_pbtxt(
-        name, [io("INPUT0", "TYPE_INT32", [1])], [io("OUTPUT0", "TYPE_INT32", [1])]))
-
 
 def constant(conn: Conn, name: str) -> int:
     return int(conn.client.infer(name, [conn.input("INPUT0", np.zeros(1, np.int32))]).as_numpy("OUTPUT0")[0])

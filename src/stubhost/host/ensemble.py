@@ -32,6 +32,7 @@ from typing import Any
 
 from stubhost.config import ModelConfig, config_to_dict
 from stubhost.host.errors import InferenceError
+from stubhost.host.versions import resolve_version
 from stubhost.host.inputs import RequestChecker
 from stubhost.host.regions import RegionDestination
 from stubhost.host.repository import ModelDir
@@ -156,17 +157,8 @@ class EnsembleModel:
         return True
 
     def resolve_version(self, model_version: str | int) -> int:
-        """The version a request names ("" or -1: the latest)."""
-        if model_version in ("", -1, "-1"):
-            return self.latest
-        try:
-            version = int(model_version)
-        except (TypeError, ValueError):
-            raise InferenceError("INVALID_ARG", f"invalid model version '{model_version}'") from None
-        if version not in self.versions:
-            raise InferenceError("NOT_FOUND", f"Request for unknown model: '{self.name}' version {version} is not "
-                                              "found")
-        return version
+        """The loaded version a request names ("" or -1: the latest)."""
+        return resolve_version(self.name, self.versions, self.latest, model_version)
 
     def statistics(self, version: str | int = "") -> list[dict[str, Any]]:
         """Triton's ``model_stats`` entries of the ensemble itself."""

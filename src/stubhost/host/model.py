@@ -40,6 +40,7 @@ from stubhost.config.model_config_pb2 import ModelInstanceGroup
 from stubhost.config.defaults import ENSEMBLE_PLATFORM
 from stubhost.host.ensemble import EnsembleModel, ModelLookup
 from stubhost.host.errors import InferenceError
+from stubhost.host.versions import resolve_version
 from stubhost.host.inputs import RequestChecker
 from stubhost.host.instance import (
     ExecuteResult,
@@ -333,16 +334,7 @@ class LoadedModel:
 
     def resolve_version(self, model_version: str | int) -> int:
         """The loaded version a request names ("" or -1: the latest)."""
-        if model_version in ("", -1, "-1"):
-            return self.latest
-        try:
-            version = int(model_version)
-        except (TypeError, ValueError):
-            raise InferenceError("INVALID_ARG", f"invalid model version '{model_version}'") from None
-        if version not in self.versions:
-            raise InferenceError("NOT_FOUND", f"Request for unknown model: '{self.name}' version {version} is not "
-                                              "found")
-        return version
+        return resolve_version(self.name, self.versions, self.latest, model_version)
 
     def _route(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None, version: int,
                request_id: str, correlation_id: int | str,
