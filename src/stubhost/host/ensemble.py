@@ -182,20 +182,14 @@ class EnsembleModel:
               priority: int = 0) -> InferResponse:
         """Runs the graph once and returns the ensemble's outputs. The caller's thread runs the
         steps itself (steps ready together: all but one in worker threads)."""
-        if self.decoupled:
-            raise InferenceError("UNSUPPORTED", f"model '{self.name}' uses the decoupled transaction policy: its "
-                                                "responses can only be streamed")
+        self._refuse_decoupled()
         begin = time.monotonic_ns()
-        version: int | None = None
-        reason = OTHER
+        version, call = self._accept(inputs, outputs, model_version, parameters, request_id, correlation_id, flags,
+                                     priority, timeout_us, timeout, begin)
         try:
-            version = self.resolve_version(model_version)
-            call = self._call(inputs, outputs, parameters, request_id, correlation_id, flags, priority, timeout_us,
-                              timeout)
-            reason = BACKEND
             produced = self._run_sync(dict(inputs), call)
         except InferenceError as e:
-            self._failed(version, begin, reason, e)
+            self._failed(version, begin, BACKEND, e)
             raise
         self._succeeded(version, inputs, begin)
         return InferResponse(produced, {}, version)
@@ -205,29 +199,42 @@ class EnsembleModel:
                           correlation_id: int | str, flags: int, *, timeout_us: int | None = None,
                           priority: int = 0) -> InferResponse:
         """``infer`` for asyncio callers."""
+        self._refuse_decoupled()
+        begin = time.monotonic_ns()
+        version, call = self._accept(inputs, outputs, model_version, parameters, request_id, correlation_id, flags,
+                                     priority, timeout_us, timeout, begin)
+        paths = self._run(dict(inputs), frozenset(), call)
+        try:
+            produced = await paths.__anext__()
+        except StopAsyncIteration:
+            error = InferenceError("INTERNAL", f"ensemble '{self.name}' produced no response")
+            self._failed(version, begin, BACKEND, error)
+            raise error from None
+        except (InferenceError, asyncio.CancelledError) as e:
+            self._failed(version, begin, BACKEND, e)
+            raise
+        finally:
+            await paths.aclose()
+        self._succeeded(version, inputs, begin)
+        return InferResponse(produced, {}, version)
+
+    def _refuse_decoupled(self) -> None:
         if self.decoupled:
             raise InferenceError("UNSUPPORTED", f"model '{self.name}' uses the decoupled transaction policy: its "
                                                 "responses can only be streamed")
-        begin = time.monotonic_ns()
+
+    def _accept(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
+                model_version: str | int, parameters: str, request_id: str, correlation_id: int | str, flags: int,
+                priority: int, timeout_us: int | None, timeout: float | None, begin: int) -> tuple[int, _Call]:
+        """The version and the checked request; a refused request is counted (OTHER) and raised."""
         version: int | None = None
-        reason = OTHER
         try:
             version = self.resolve_version(model_version)
-            call = self._call(inputs, outputs, parameters, request_id, correlation_id, flags, priority, timeout_us,
-                              timeout)
-            reason = BACKEND
-            paths = self._run(dict(inputs), frozenset(), call)
-            try:
-                produced = await paths.__anext__()
-            except StopAsyncIteration:
-                raise InferenceError("INTERNAL", f"ensemble '{self.name}' produced no response") from None
-            finally:
-                await paths.aclose()
-        except (InferenceError, asyncio.CancelledError) as e:
-            self._failed(version, begin, reason, e)
+            return version, self._call(inputs, outputs, parameters, request_id, correlation_id, flags, priority,
+                                       timeout_us, timeout)
+        except InferenceError as e:
+            self._failed(version, begin, OTHER, e)
             raise
-        self._succeeded(version, inputs, begin)
-        return InferResponse(produced, {}, version)
 
     def stream(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
                model_version: str | int, parameters: str, request_id: str, timeout: float | None,
@@ -256,24 +263,18 @@ class EnsembleModel:
                                          correlation_id, flags, timeout_us=timeout_us, priority=priority)
             return
         begin = time.monotonic_ns()
-        version: int | None = None
-        reason = OTHER
+        version, call = self._accept(inputs, outputs, model_version, parameters, request_id, correlation_id, flags,
+                                     priority, timeout_us, timeout, begin)
         try:
-            version = self.resolve_version(model_version)
-            call = self._call(inputs, outputs, parameters, request_id, correlation_id, flags, priority, timeout_us,
-                              timeout)
-            reason = BACKEND
             async for produced in self._run(dict(inputs), frozenset(), call):
                 yield InferResponse(produced, {}, version, final=False)
         except InferenceError as e:
-            self._failed(version, begin, reason, e)
-            if version is None or reason != BACKEND:
-                raise  # refused before it ran: the caller gets the error itself
+            self._failed(version, begin, BACKEND, e)
             # A failed step ends the stream with an error response, as a decoupled model's does.
             yield InferResponse({}, {}, version, final=True, error=e)
             return
         except (asyncio.CancelledError, GeneratorExit) as e:
-            self._failed(version, begin, reason, e)
+            self._failed(version, begin, BACKEND, e)
             raise
         self._succeeded(version, inputs, begin)
         yield InferResponse({}, {}, version, final=True, empty=True)
