@@ -37,7 +37,7 @@ from stubhost.host.custom_metrics import CustomMetrics
 from stubhost.host.errors import InferenceError
 from stubhost.host.instance import RestartPolicy
 from stubhost.host.model import LoadedModel, LoadOptions
-from stubhost.config import ConfigError, ModelConfig, config_from_dict
+from stubhost.config import ModelConfig
 from stubhost.host.repository import (
     ModelDir,
     ensemble_dependencies,
@@ -47,6 +47,7 @@ from stubhost.host.repository import (
     scan_repositories,
 )
 from stubhost.host.regions import RegionDestination
+from stubhost.host.load_plan import ensemble_models, load_waves, override_config, with_dependencies
 from stubhost.host.result import InferResponse
 from stubhost.host.stub_process import StubSettings
 
@@ -105,7 +106,7 @@ class Server:
         self._monitor.start()
         try:
             found, duplicates = self.scan()
-            names = sorted({*found, *duplicates}) if models is None else _with_dependencies(list(models), found)
+            names = sorted({*found, *duplicates}) if models is None else with_dependencies(list(models), found)
             self._load_many(names, found, duplicates, exit_on_error)
         except BaseException:
             self.close()
@@ -143,7 +144,7 @@ class Server:
                 first_error = first_error or InferenceError("INVALID_ARG", duplicates[name])
                 self._record_load_error(name, duplicates[name], None)
         # Ensembles load after the models they run (and after ensembles they run).
-        for wave in _load_waves([name for name in names if name in found], found):
+        for wave in load_waves([name for name in names if name in found], found):
             with ThreadPoolExecutor(max_workers=min(self._load_threads, len(wave))) as pool:
                 futures = {name: (pool.submit(fingerprint, found[name]),
                                   pool.submit(LoadedModel.load, found[name], self._options)) for name in wave}
@@ -176,7 +177,7 @@ class Server:
         the repository.
         """
         self._check_open()
-        override = _override_config(name, config)
+        override = override_config(name, config)
         if files and override is None:
             raise InferenceError("INVALID_ARG", f"failed to load '{name}': the 'config' parameter must be given "
                                                 "with override files ('file:<version>/<path>')")
@@ -224,11 +225,17 @@ class Server:
                     self._expected.add(name)
             raise
         with self._lock:
-            old = self._models.get(name)
-            self._models[name] = model
-            self._expected.add(name)
+            # close() may have run while it loaded (a poll): then nothing may outlive the server.
+            closed = self._closed.is_set()
+            if not closed:
+                old = self._models.get(name)
+                self._models[name] = model
+                self._expected.add(name)
             self.load_errors.pop(name, None)
             self._fingerprints[name] = seen if config is None else None
+        if closed:
+            _stop(model)
+            raise InferenceError("UNAVAILABLE", "the server is closed")
         if old is not None:
             _stop(old)
 
@@ -237,7 +244,7 @@ class Server:
         models (and theirs) are unloaded too, as Triton's unload parameter of that name does."""
         with self._control_lock:
             model = self._models.get(name)
-            dependents = _ensemble_models(model) if unload_dependents and model is not None else []
+            dependents = ensemble_models(model) if unload_dependents and model is not None else []
             self._unload(name)
             for dependent in dependents:
                 if dependent in self._models:
@@ -261,7 +268,9 @@ class Server:
             return
         with self._control_lock:
             found, duplicates = self.scan()
-            for name in [n for wave in _load_waves(sorted(found), found) for n in wave]:
+            for name in [n for wave in load_waves(sorted(found), found) for n in wave]:
+                if self._closed.is_set():
+                    return
                 seen = fingerprint(found[name])
                 with self._lock:
                     known = name in self._fingerprints and self._fingerprints[name] == seen
@@ -531,9 +540,12 @@ class Server:
         for model in models:
             _stop(model)
         self._bls.close()
-        for thread in (self._monitor, getattr(self, "_poller", None)):
-            if thread is not None and thread is not threading.current_thread():
-                thread.join(timeout=1.0)
+        if self._monitor is not threading.current_thread():
+            self._monitor.join(timeout=1.0)
+        poller = getattr(self, "_poller", None)
+        if poller is not None and poller is not threading.current_thread():
+            # A poll may be loading a model: it stops what it loaded once it sees the close.
+            poller.join(timeout=self._options.init_timeout_s + 5.0)
         _live_servers.discard(self)
 
     def __del__(self) -> None:
@@ -551,67 +563,12 @@ def _paths(repositories: str | os.PathLike[str] | Sequence[str | os.PathLike[str
     return paths
 
 
-def _override_config(name: str, config: str | Mapping[str, Any] | None) -> ModelConfig | None:
-    """A load request's "config" parameter as a ModelConfig (None: none given)."""
-    if config is None or config == "":
-        return None
-    if isinstance(config, (str, bytes)):
-        try:
-            config = json.loads(config)
-        except ValueError as e:
-            raise InferenceError("INVALID_ARG", f"failed to load '{name}': the 'config' parameter is not valid "
-                                                f"JSON: {e}") from None
-    try:
-        return config_from_dict(config, "the overriding config")  # type: ignore[arg-type]
-    except ConfigError as e:
-        raise InferenceError("INVALID_ARG", f"failed to load '{name}': {e}") from None
-
-
 def _lookup(server_ref: weakref.ref[Server]) -> Callable[[str], Any]:
     """The loaded model of a name, for ensembles (weak: the server's options must not keep it alive)."""
     def lookup(name: str) -> Any:
         server = server_ref()
         return None if server is None else server._models.get(name)
     return lookup
-
-
-def _with_dependencies(names: list[str], found: Mapping[str, ModelDir]) -> list[str]:
-    """`names` and, after them, the models their ensembles run (as Triton loads those too)."""
-    out = list(dict.fromkeys(names))
-    for name in out:  # grows while it is walked: dependencies of dependencies join the walk
-        if name in found:
-            out.extend(d for d in ensemble_dependencies(found[name]) if d not in out)
-    return out
-
-
-def _ensemble_models(model: Any) -> list[str]:
-    """The models an ensemble runs, nested ensembles' included, depth first (none for others)."""
-    steps = getattr(model, "steps", None)
-    if not steps:
-        return []
-    out: list[str] = []
-    for step in steps:
-        if step.model not in out:
-            out.append(step.model)
-            lookup = model._lookup(step.model)
-            out.extend(n for n in _ensemble_models(lookup) if n not in out)
-    return out
-
-
-def _load_waves(names: Sequence[str], found: Mapping[str, ModelDir]) -> list[list[str]]:
-    """`names` in groups that may load in parallel: plain models first, then each ensemble once
-    the ensembles it runs are in an earlier group (a cycle ends up in the last group, whose
-    loads then fail naming what they lack)."""
-    needs = {name: [d for d in ensemble_dependencies(found[name]) if d in names] for name in names}
-    waves: list[list[str]] = []
-    placed: set[str] = set()
-    while len(placed) < len(names):
-        wave = [n for n in names if n not in placed and all(d in placed for d in needs[n])]
-        if not wave:
-            wave = [n for n in names if n not in placed]
-        waves.append(wave)
-        placed.update(wave)
-    return waves
 
 
 def _stop(model: LoadedModel) -> None:
