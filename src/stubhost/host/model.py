@@ -56,6 +56,7 @@ from stubhost.host.repository import ModelDir, model_file
 from stubhost.host.regions import RegionDestination
 from stubhost.host.result import InferResponse
 from stubhost.host.scheduler import Scheduler, Ticket
+from stubhost.host.sequence_controls import SequenceControls
 from stubhost.host.sequences import SequenceRouter
 from stubhost.host.stats import BACKEND, CANCELED, OTHER, ModelStatistics
 from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess, StubSettings
@@ -210,6 +211,7 @@ class LoadedModel:
         # Sequences go straight to their instance; other requests wait in a version's queue
         # when the model batches or has several instances to choose from.
         self.sequences = SequenceRouter(name, config) if config.HasField("sequence_batching") else None
+        self.controls = SequenceControls.of(name, config) if self.sequences is not None else None
         self.schedulers: dict[int, Scheduler] = {}
         if self.sequences is None:
             for version, group in versions.items():
@@ -345,6 +347,8 @@ class LoadedModel:
         tensors = self.checker.check_inputs(inputs, request_id)
         requested = self.checker.check_outputs(outputs, request_id)
         if self.sequences is not None:
+            if self.controls is not None:  # before routing: a request refused here opens no sequence
+                tensors = self.controls.add(tensors, correlation_id, flags)
             return self.sequences.route(version, group, correlation_id, flags), tensors, requested
         instance = group[0]
         if len(group) > 1:

@@ -5,7 +5,8 @@ instance with the fewest open sequences; the sequence's later requests go to tha
 order (its stub's queue is FIFO); the END flag closes it. A sequence idle for longer than
 ``max_sequence_idle_microseconds`` is closed, so a later request without START fails, as in
 Triton. The model reads START/END from ``request.flags()`` and the id from
-``request.correlation_id()``.
+``request.correlation_id()``, or from the control inputs its configuration asks for
+(sequence_controls.py).
 """
 
 from __future__ import annotations
