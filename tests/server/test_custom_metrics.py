@@ -129,3 +129,19 @@ def test_custom_metrics_are_exported_beside_tritons(served: ServeProcess) -> Non
     assert 'demo_latency_ms_sum{model="metered"} 505.5' in text
     assert 'demo_latency_ms_count{model="metered"} 3' in text
     assert 'nv_inference_request_success{model="metered",version="1"} 3' in text
+
+
+def test_an_unloaded_models_metrics_leave_the_endpoint(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    write_model(repo, "metered", METRICS_PY, CONFIG)
+    with ServeProcess(repo, "--model-control-mode", "explicit", "--load-model", "metered") as served:
+        client = httpclient.InferenceServerClient(served.http_url)
+        data = httpclient.InferInput("X", [1], "FP64")
+        data.set_data_from_numpy(np.array([2.0]))
+        client.infer("metered", [data])
+        assert wait_until(lambda: 'demo_queue_depth{model="metered"} 2' in _scrape(served), 5.0)
+        client.unload_model("metered")
+        client.close()
+        text = _scrape(served)
+        assert "demo_requests_total" not in text and "demo_queue_depth" not in text
+        assert "demo_latency_ms" not in text

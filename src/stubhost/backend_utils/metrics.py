@@ -3,7 +3,14 @@
 A model declares a family (name, description, kind) and, in it, metrics by labels; the server
 exports them on its metrics endpoint beside Triton's ``nv_inference_*`` counters. Updates
 (``increment``, ``set``, ``observe``) are one-way messages to the server, so they cost no round
-trip; ``value()`` asks the server, which holds the one value all instances share.
+trip; ``value()`` asks the server, which holds the one value all instances share. Declaring a
+family is a round trip too, so that a name taken by another kind raises here, as in Triton.
+
+Lifetime follows Triton's Python backend: the server holds a family for as long as the
+``MetricFamily`` object lives, and each metric made through it until that family object goes
+(deleting a ``Metric`` object alone removes nothing: Triton's family keeps its metrics). The
+message that lets go is one-way. A ``Metric`` does not keep its family alive; used after its
+family was deleted, it raises Triton's error. Everything a stub holds is released when it ends.
 
 Rules follow Triton's Python backend: a counter only grows, a histogram only
 observes and needs its buckets, names are Prometheus metric names.
@@ -11,7 +18,12 @@ observes and needs its buckets, names are Prometheus metric names.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import math
 import re
+import sys
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -19,6 +31,14 @@ from stubhost.backend_utils.errors import TritonModelException
 
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+# Triton's words (python_backend's Metric::CheckIfCleared), after "Failed to <action> metric value: ".
+FAMILY_DELETED = ("Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The "
+                  "'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have been "
+                  "deleted.")
+OUTSIDE_STUB = "metrics are only available inside a model instance"
+
+_family_ids = itertools.count(1)  # names each MetricFamily object to the server; never reused in a stub
 
 
 class MetricSink(Protocol):
@@ -28,15 +48,15 @@ class MetricSink(Protocol):
         """Sends one update (nobody waits for it)."""
 
     def metric_value(self, payload: dict[str, Any]) -> float:
-        """Asks the server for a metric's value."""
+        """A round trip: the server's answer (a value), or TritonModelException with its reason."""
 
 
 class _Unattached:
     def metric(self, payload: dict[str, Any]) -> None:
-        raise TritonModelException("metrics are only available inside a model instance")
+        raise TritonModelException(OUTSIDE_STUB)
 
     def metric_value(self, payload: dict[str, Any]) -> float:
-        raise TritonModelException("metrics are only available inside a model instance")
+        raise TritonModelException(OUTSIDE_STUB)
 
 
 _sink: MetricSink = _Unattached()
@@ -48,6 +68,17 @@ def set_sink(sink: MetricSink) -> None:
     _sink = sink
 
 
+def _ask(payload: dict[str, Any], failure: str) -> float:
+    """A round trip to the server; its refusal raises ``<failure>: <reason>`` (Triton's wording)."""
+    sink = _sink
+    if isinstance(sink, _Unattached):
+        return sink.metric_value(payload)  # raises OUTSIDE_STUB as it is
+    try:
+        return sink.metric_value(payload)
+    except TritonModelException as e:
+        raise TritonModelException(f"{failure}: {e}") from None
+
+
 class MetricFamily:
     """A named family of metrics of one kind (COUNTER, GAUGE or HISTOGRAM)."""
 
@@ -57,6 +88,7 @@ class MetricFamily:
     _KINDS = {COUNTER: "counter", GAUGE: "gauge", HISTOGRAM: "histogram"}
 
     def __init__(self, name: str, description: str, kind: int) -> None:
+        self._id = 0  # set once the server holds the family: a refused one lets nothing go in __del__
         if not isinstance(name, str) or not _NAME.match(name):
             raise TritonModelException(f"invalid metric family name '{name}'")
         if kind not in self._KINDS:
@@ -64,12 +96,24 @@ class MetricFamily:
         self._name = name
         self._description = str(description)
         self._kind = kind
-        _sink.metric({"op": "family", "name": name, "description": self._description, "kind": self._KINDS[kind]})
+        family_id = next(_family_ids)
+        _ask({"op": "family", "id": family_id, "name": name, "description": self._description,
+              "kind": self._KINDS[kind]}, "Error when creating MetricFamily")
+        self._id = family_id
 
     def Metric(self, labels: Mapping[str, str] | None = None,  # noqa: N802  (Triton's name)
                buckets: Sequence[float] | None = None) -> Metric:
         """The metric of this family with these labels (made on first use; shared by instances)."""
         return Metric(self, dict(labels or {}), buckets)
+
+    def __del__(self) -> None:
+        # Triton's ~MetricFamily: the family, and the metrics made through it, leave the server.
+        # One-way; at interpreter exit there is no point (the server releases a stub that ends).
+        family_id = getattr(self, "_id", 0)
+        if not family_id or sys.is_finalizing():
+            return
+        with contextlib.suppress(Exception):  # a destructor must not raise; the stub's end releases it anyway
+            _sink.metric({"op": "drop", "family": family_id})
 
 
 class Metric:
@@ -80,42 +124,53 @@ class Metric:
             if not isinstance(key, str) or not _LABEL.match(key) or not isinstance(value, str):
                 raise TritonModelException(f"invalid metric label {key!r}: {value!r}")
         if family._kind == MetricFamily.HISTOGRAM:
-            if not buckets:
+            if buckets is None:  # an empty list is accepted, as Triton accepts it (only +Inf)
                 raise TritonModelException("Missing required buckets for histogram metrics.")
             bounds = [float(b) for b in buckets]
+            if not all(math.isfinite(b) for b in bounds):
+                raise TritonModelException("histogram buckets must be finite")
             if bounds != sorted(set(bounds)):
                 raise TritonModelException("histogram buckets must be increasing")
         elif buckets is not None:
             raise TritonModelException("Unexpected buckets found for non-histogram metrics.")
         else:
             bounds = []
-        self._family = family
-        self._key = {"family": family._name, "labels": labels}
+        self._family = weakref.ref(family)  # as in Triton, a Metric does not keep its family alive
+        self._kind = family._kind
+        self._key = {"family": family._id, "labels": labels}
         _sink.metric({"op": "metric", **self._key, "buckets": bounds})
+
+    def _check_family(self, action: str) -> None:
+        """Triton's error for a metric whose family was deleted (checked before anything else)."""
+        if self._family() is None:
+            raise TritonModelException(f"Failed to {action} metric value: {FAMILY_DELETED}")
 
     def increment(self, value: float) -> None:
         """Adds `value` (a counter only grows)."""
-        kind = self._family._kind
-        if kind == MetricFamily.HISTOGRAM:
+        self._check_family("increment")
+        if self._kind == MetricFamily.HISTOGRAM:
             raise TritonModelException("Incrementing a histogram metric is not supported")
-        if kind == MetricFamily.COUNTER and value < 0:
+        if self._kind == MetricFamily.COUNTER and value < 0:
             raise TritonModelException("Counter metrics cannot be decremented")
         _sink.metric({"op": "add", **self._key, "value": float(value)})
 
     def set(self, value: float) -> None:
         """Sets a gauge."""
-        if self._family._kind != MetricFamily.GAUGE:
+        self._check_family("set")
+        if self._kind != MetricFamily.GAUGE:
             raise TritonModelException("Only gauge metrics can be set")
         _sink.metric({"op": "set", **self._key, "value": float(value)})
 
     def observe(self, value: float) -> None:
         """Records one observation in a histogram."""
-        if self._family._kind != MetricFamily.HISTOGRAM:
+        self._check_family("observe")
+        if self._kind != MetricFamily.HISTOGRAM:
             raise TritonModelException("Only histogram metrics can be observed")
         _sink.metric({"op": "observe", **self._key, "value": float(value)})
 
     def value(self) -> float:
         """The metric's current value (shared by every instance of every model)."""
-        if self._family._kind == MetricFamily.HISTOGRAM:
+        self._check_family("get")
+        if self._kind == MetricFamily.HISTOGRAM:
             raise TritonModelException("Getting the value of a histogram metric is not supported")
-        return _sink.metric_value({"op": "value", **self._key})
+        return _ask({"op": "value", **self._key}, "Failed to get metric value")

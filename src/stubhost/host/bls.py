@@ -120,11 +120,11 @@ class BlsService:
             server = self._server()
             if server is None or not isinstance(update, dict):
                 raise ValueError("the server is closed" if server is None else "malformed metric update")
-            answer = {"result": server.custom_metrics.apply(update)}
+            answer = {"result": server.custom_metrics.apply(process, update)}  # the stub owns what it declares
         except (ValueError, KeyError, TypeError, _core.CoreError) as e:
             if not message.inline_reply:
                 log.warning("instance '%s': custom metric update failed: %s", process.instance_name, e)
-            answer = {"error": f"metric request failed: {e}"}
+            answer = {"error": str(e)}  # the stub words it as Triton does
         if not message.inline_reply:
             message.release()
             return
