@@ -90,29 +90,70 @@ struct TensorInputs {
   std::vector<RecordTensorSource> sources;
 };
 
-/// An external tensor: (name, shape, dtype, region, region_offset, byte_size); its data stays in
-/// the client's region and only the header is written.
-void add_external_tensor(TensorInputs& in, const py::tuple& entry) {
+/// The (name, shape, dtype) that every header-only tuple form starts with.
+RecordTensorSource header_only(const py::tuple& entry, TensorPlacement placement) {
   RecordTensorSource src;
   src.name = to_string(entry[0]);
   for (const py::handle d : py::reinterpret_borrow<py::sequence>(entry[1])) src.shape.push_back(d.cast<int64_t>());
   src.dtype = static_cast<DataType>(entry[2].cast<int>());
-  src.external = true;
-  src.region = entry[3].cast<uint64_t>();
-  src.region_offset = entry[4].cast<uint64_t>();
+  src.placement = placement;
+  return src;
+}
+
+/// A device id from Python; out-of-range values (even beyond int32) get the core's FormatError.
+int32_t device_of(const std::string& name, const py::handle& value) {
+  const auto id = value.cast<int64_t>();
+  check_gpu_device(name, id);
+  return static_cast<int32_t>(id);
+}
+
+/// The bytes of a bytes-like object (bytes, bytearray, memoryview, ...).
+std::string bytes_like(const py::handle& value) {
+  if (PyBytes_Check(value.ptr())) return std::string(PyBytes_AS_STRING(value.ptr()), PyBytes_GET_SIZE(value.ptr()));
+  if (!PyObject_CheckBuffer(value.ptr())) throw py::type_error("a CUDA IPC handle must be bytes");
+  PyObject* copy = PyBytes_FromObject(value.ptr());
+  if (copy == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::bytes>(copy);
+}
+
+/// Header-only forms; the data stays where it is and only the header is written:
+///   6: (name, shape, dtype, region, region_offset, byte_size)             system shm region
+///   7: (name, shape, dtype, region, region_offset, byte_size, device_id)  client CUDA region
+///   8: (name, shape, dtype, ipc_handle, offset, byte_size, device_id, buffer_id)
+///      the writer's own device allocation, exported through its 64-byte CUDA IPC handle
+RecordTensorSource header_only_tensor(const py::tuple& entry) {
+  const auto n = entry.size();
+  const auto placement = n == 6 ? TensorPlacement::kSystemRegion
+                         : n == 7 ? TensorPlacement::kGpuRegion
+                                  : TensorPlacement::kGpuExported;
+  RecordTensorSource src = header_only(entry, placement);
+  src.offset = entry[4].cast<uint64_t>();
   src.byte_size = entry[5].cast<uint64_t>();
-  in.sources.push_back(std::move(src));
+  if (n >= 7) src.device_id = device_of(src.name, entry[6]);
+  if (n == 8) {
+    const std::string raw = bytes_like(entry[3]);
+    if (raw.size() != kCudaIpcHandleBytes) {
+      throw py::value_error("tensor '" + src.name + "': a CUDA IPC handle is 64 bytes, not " +
+                            std::to_string(raw.size()));
+    }
+    std::memcpy(src.cuda_ipc_handle.data(), raw.data(), kCudaIpcHandleBytes);
+    src.handle = entry[7].cast<uint64_t>();
+  } else {
+    src.handle = entry[3].cast<uint64_t>();
+  }
+  return src;
 }
 
 void add_tensor(TensorInputs& in, const py::handle& item) {
   const auto entry = py::reinterpret_borrow<py::tuple>(item);
-  if (entry.size() == 6) {
-    add_external_tensor(in, entry);
+  if (entry.size() >= 6 && entry.size() <= 8) {
+    in.sources.push_back(header_only_tensor(entry));
     return;
   }
   if (entry.size() < 2 || entry.size() > 3) {
-    throw py::value_error("a tensor is (name, array), (name, array, dtype) or "
-                          "(name, shape, dtype, region, region_offset, byte_size)");
+    throw py::value_error("a tensor is (name, array), (name, array, dtype), "
+                          "(name, shape, dtype, region, region_offset, byte_size[, device_id]) or "
+                          "(name, shape, dtype, ipc_handle, offset, byte_size, device_id, buffer_id)");
   }
   RecordTensorSource src;
   src.name = to_string(entry[0]);
@@ -208,6 +249,17 @@ py::array tensor_view(const std::shared_ptr<Pool>& pool, const TensorDesc& d, co
   return view;
 }
 
+/// A GPU tensor is always described, never viewed: this process may have no GPU, and device
+/// memory is opened (and its range checked) by whoever uses it.
+py::tuple gpu_description(const TensorDesc& d) {
+  const py::tuple shape(py::cast(d.shape));
+  if (d.flags & kTensorInRegion) {
+    return py::make_tuple("cuda_region", d.data_handle, d.data_offset, d.byte_size, shape, d.device_id);
+  }
+  const py::bytes handle(reinterpret_cast<const char*>(d.cuda_ipc_handle.data()), d.cuda_ipc_handle.size());
+  return py::make_tuple("cuda_ipc", handle, d.data_offset, d.byte_size, shape, d.device_id, d.data_handle);
+}
+
 }  // namespace
 
 void bind_record(py::module_& m) {
@@ -237,8 +289,10 @@ void bind_record(py::module_& m) {
         for (const py::handle t : tensors) add_tensor(in, t);
         source.tensors = std::move(in.sources);
         Pool& p = open_pool(pool);
-        uint64_t data_bytes = 0;
-        for (const auto& t : source.tensors) data_bytes += t.byte_size;
+        uint64_t data_bytes = 0;  // what gets copied: header-only tensors copy nothing
+        for (const auto& t : source.tensors) {
+          if (t.placement == TensorPlacement::kInline) data_bytes += t.byte_size;
+        }
         if (data_bytes < (1u << 20)) return write_record(p, source);
         py::gil_scoped_release release;  // large copies run without the GIL; `in` keeps the data alive
         return write_record(p, source);
@@ -246,9 +300,11 @@ void bind_record(py::module_& m) {
       py::arg("pool"), py::arg("kind"), py::arg("status") = 0, py::arg("ints") = py::tuple(),
       py::arg("strings") = py::tuple(), py::arg("tensors") = py::tuple(), py::arg("next") = 0,
       "Write one record (strings, and tensors given as (name, array[, dtype])) in one allocation.\n"
-      "Arrays are copied once; str/bytes/object arrays become BYTES. A 6-tuple (name, shape, dtype,\n"
-      "region, region_offset, byte_size) names data in a client region instead (not copied).\n"
-      "Returns the record's handle.");
+      "Arrays are copied once; str/bytes/object arrays become BYTES. Header-only tensors (no copy):\n"
+      "(name, shape, dtype, region, region_offset, byte_size) in a client system region;\n"
+      "(name, shape, dtype, region, region_offset, byte_size, device_id) in a client CUDA region;\n"
+      "(name, shape, dtype, ipc_handle, offset, byte_size, device_id, buffer_id) in the writer's\n"
+      "device allocation named by a 64-byte CUDA IPC handle. Returns the record's handle.");
   m.def(
       "read_record",
       [](const std::shared_ptr<Pool>& pool, uint64_t handle, bool lease, const py::object& regions) {
@@ -258,6 +314,10 @@ void bind_record(py::module_& m) {
         for (const auto& s : view.strings) strings.append(from_utf8(s));
         py::list tensors;
         for (const auto& d : view.tensors) {
+          if (d.memory_type == MemoryType::kGpu) {
+            tensors.append(py::make_tuple(py::str(d.name), static_cast<int>(d.dtype), gpu_description(d)));
+            continue;
+          }
           if (d.memory_type == MemoryType::kSystemShm && regions.is_none()) {
             // A tensor the peer placed in a client region: described, not viewed.
             tensors.append(py::make_tuple(py::str(d.name), static_cast<int>(d.dtype),
@@ -276,7 +336,9 @@ void bind_record(py::module_& m) {
       "Arrays are zero-copy views (BYTES are decoded to object arrays). With lease=True the record\n"
       "is freed when the last view goes away; otherwise the writer stays its owner. Tensors that\n"
       "live in a client region are views of regions[id] (a dict of buffer objects), bounds-checked;\n"
-      "without `regions` they are described as (region, offset, byte_size, shape) instead.");
+      "without `regions` they are described as (region, offset, byte_size, shape) instead.\n"
+      "GPU tensors are always described: (\"cuda_region\", region, offset, byte_size, shape,\n"
+      "device_id) or (\"cuda_ipc\", ipc_handle, offset, byte_size, shape, device_id, buffer_id).");
   m.def(
       "set_record_next",
       [](const std::shared_ptr<Pool>& pool, uint64_t handle, uint64_t next) {

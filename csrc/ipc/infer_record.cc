@@ -31,8 +31,34 @@ uint64_t strings_end(const RecordSource& source) {
 }
 
 uint64_t tensor_bytes(const RecordTensorSource& t) {
-  const uint64_t inline_bytes = t.external ? 0 : t.byte_size;
+  const uint64_t inline_bytes = t.placement == TensorPlacement::kInline ? t.byte_size : 0;
   return checked_align(checked_add(tensor_header_bytes(t.name.size(), t.shape.size()), inline_bytes));
+}
+
+/// The header a source is written as; data_handle of an inline tensor is set by the caller.
+TensorDesc header_of(const RecordTensorSource& t) {
+  TensorDesc desc;
+  desc.name = t.name;
+  desc.dtype = t.dtype;
+  desc.shape = t.shape;
+  desc.byte_size = t.byte_size;
+  switch (t.placement) {
+    case TensorPlacement::kInline: return desc;
+    case TensorPlacement::kSystemRegion: desc.memory_type = MemoryType::kSystemShm; break;
+    case TensorPlacement::kGpuRegion:
+      desc.memory_type = MemoryType::kGpu;
+      desc.flags = kTensorInRegion;
+      desc.device_id = t.device_id;
+      break;
+    case TensorPlacement::kGpuExported:
+      desc.memory_type = MemoryType::kGpu;
+      desc.device_id = t.device_id;
+      desc.cuda_ipc_handle = t.cuda_ipc_handle;
+      break;
+  }
+  desc.data_handle = t.handle;
+  desc.data_offset = t.offset;
+  return desc;
 }
 
 }  // namespace
@@ -70,21 +96,13 @@ uint64_t write_record(Pool& pool, const RecordSource& source) {
     }
     at = checked_align(at);
     for (const auto& t : source.tensors) {
-      TensorDesc desc;
-      desc.name = t.name;
-      desc.dtype = t.dtype;
-      desc.shape = t.shape;
-      desc.byte_size = t.byte_size;
+      TensorDesc desc = header_of(t);
       const uint64_t header = tensor_header_bytes(t.name.size(), t.shape.size());
-      if (t.external) {
-        desc.memory_type = MemoryType::kSystemShm;
-        desc.data_handle = t.region;
-        desc.data_offset = t.region_offset;
-      } else {
-        desc.data_handle = handle + at + header;  // handles are (segment, offset): offsets add
-      }
+      const bool inline_data = t.placement == TensorPlacement::kInline;
+      if (inline_data) desc.data_handle = handle + at + header;  // handles are (segment, offset): offsets add
+      validate_placement(desc);  // what the reader will insist on, so a bad record is never sent
       encode_tensor_header(desc, base + at, header);  // validates dtype, shape and byte size
-      if (!t.external && t.byte_size) std::memcpy(base + at + header, t.data, t.byte_size);
+      if (inline_data && t.byte_size) std::memcpy(base + at + header, t.data, t.byte_size);
       at += tensor_bytes(t);
     }
   } catch (...) {
@@ -131,8 +149,10 @@ RecordView read_record(Pool& pool, uint64_t handle) {
     if (header > total - at) {
       throw FormatError("inference record tensor " + quoted_name(desc.name) + " runs past the record");
     }
-    if (desc.memory_type == MemoryType::kSystemShm) {
-      // Data in a client region: the caller checks offset and size against that region.
+    validate_placement(desc);  // flags, and the GPU fields: device, offset + size, IPC handle
+    if (desc.memory_type == MemoryType::kSystemShm || desc.memory_type == MemoryType::kGpu) {
+      // Header only. System region: the caller checks offset and size against the region. GPU:
+      // device memory this process cannot bounds-check; whoever opens it checks the range.
       at = checked_align(checked_add(at, header));
       view.tensors.push_back(std::move(desc));
       continue;

@@ -4,15 +4,18 @@
 //   +64   strings: for each, uint32 length then its bytes (no padding between them)
 //   pad to 64
 //   tensors, one after another: tensor header (tensor_header_bytes) then its data, padded to 64;
-//         each header's data_handle names the bytes right after it. A tensor whose memory type
-//         is kSystemShm has no data here: it lies in a client's region (data_handle = region
-//         id, data_offset = offset in the region), which the reader's caller resolves.
+//         each header's data_handle names the bytes right after it. Header-only tensors have
+//         no data here: kSystemShm ones lie in a client's region (data_handle = region id,
+//         data_offset = offset in it), which the reader's caller resolves; kGpu ones lie in
+//         device memory, either a client's CUDA region (flag kTensorInRegion, same fields) or
+//         the writer's own allocation (cuda_ipc_handle, data_offset, data_handle = buffer id).
 //
 // Records of one batch are chained through `next`, so a batch needs no extra allocation.
 // The reader trusts nothing: every length, count and handle is checked against `total_bytes`,
 // which is itself checked against the segment. See docs/design/protocol.md.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -44,17 +47,27 @@ static_assert(offsetof(RecordShm, total_bytes) == 24, "record layout");
 static_assert(offsetof(RecordShm, ints) == 40, "record layout");
 static_assert(sizeof(RecordShm) == 64, "record layout");
 
-/// A tensor to be written: its data is copied (already serialized for BYTES), unless it is
-/// external (in a client region: only its header is written, naming region and offset).
+/// Where a written tensor's data lies; all but kInline write the header only.
+enum class TensorPlacement : uint8_t {
+  kInline,        // copied into the record after its header
+  kSystemRegion,  // a client's system shm region: handle = region id, offset = offset in it
+  kGpuRegion,     // a client's CUDA region: handle = region id, offset = offset in it
+  kGpuExported,   // the writer's device allocation: cuda_ipc_handle names it, offset = offset of
+                  // the tensor in it, handle = the owner's opaque buffer id
+};
+
+/// A tensor to be written: its data is copied (already serialized for BYTES) when inline.
 struct RecordTensorSource {
   std::string name;
   DataType dtype = DataType::kInvalid;
   std::vector<int64_t> shape;
-  const uint8_t* data = nullptr;
+  const uint8_t* data = nullptr;  // kInline only
   uint64_t byte_size = 0;
-  bool external = false;
-  uint64_t region = 0;         // external: the region's id
-  uint64_t region_offset = 0;  // external: byte offset of the data in the region
+  TensorPlacement placement = TensorPlacement::kInline;
+  uint64_t handle = 0;
+  uint64_t offset = 0;
+  int32_t device_id = 0;  // GPU placements
+  std::array<uint8_t, kCudaIpcHandleBytes> cuda_ipc_handle{};  // kGpuExported
 };
 
 /// Everything a record holds, in ordinary memory (tensors by reference).

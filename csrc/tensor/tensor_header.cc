@@ -1,11 +1,21 @@
 #include "tensor/tensor_header.h"
 
+#include <cstdio>
 #include <cstring>
 
 #include "common/errors.h"
 #include "common/text.h"
 
 namespace stubhost {
+namespace {
+
+std::string hex(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%x", v);
+  return buf;
+}
+
+}  // namespace
 
 uint64_t element_count(const std::vector<int64_t>& shape) {
   uint64_t n = 1;
@@ -55,6 +65,44 @@ void validate_tensor_desc(const TensorDesc& desc) {
   }
 }
 
+void check_gpu_device(const std::string& name, int64_t device_id) {
+  if (device_id < 0 || device_id >= kMaxGpuDevices) {
+    throw FormatError("GPU tensor " + quoted_name(name) + " names device " + std::to_string(device_id) +
+                      ", outside [0, " + std::to_string(kMaxGpuDevices) + ")");
+  }
+}
+
+void validate_placement(const TensorDesc& desc) {
+  if (desc.flags & ~kKnownTensorFlags) {
+    throw FormatError("tensor " + quoted_name(desc.name) + " has unknown header flags 0x" + hex(desc.flags));
+  }
+  if (desc.memory_type != MemoryType::kGpu) {
+    // kSystemShm means "in a region" by its memory type alone; the flag is for GPU tensors.
+    if (desc.flags != 0) {
+      throw FormatError("tensor " + quoted_name(desc.name) + " has header flags 0x" + hex(desc.flags) +
+                        " but is not a GPU tensor");
+    }
+    return;
+  }
+  if (desc.dtype == DataType::kBytes) {
+    throw FormatError("BYTES tensor " + quoted_name(desc.name) + " cannot be a GPU tensor");
+  }
+  check_gpu_device(desc.name, desc.device_id);
+  uint64_t end;
+  if (add_overflows(desc.data_offset, desc.byte_size, &end)) {
+    throw FormatError("GPU tensor " + quoted_name(desc.name) + " at offset " + std::to_string(desc.data_offset) +
+                      " with " + std::to_string(desc.byte_size) + " bytes ends past 2^64");
+  }
+  bool zero_handle = true;
+  for (uint8_t b : desc.cuda_ipc_handle) zero_handle = zero_handle && b == 0;
+  if ((desc.flags & kTensorInRegion) && !zero_handle) {
+    throw FormatError("GPU tensor " + quoted_name(desc.name) + " lies in a CUDA region but carries an IPC handle");
+  }
+  if (!(desc.flags & kTensorInRegion) && zero_handle) {
+    throw FormatError("exported GPU tensor " + quoted_name(desc.name) + " has an all-zero CUDA IPC handle");
+  }
+}
+
 uint64_t encode_tensor_header(const TensorDesc& desc, uint8_t* dst, uint64_t capacity) {
   validate_tensor_desc(desc);
   const uint64_t bytes = tensor_header_bytes(desc.name.size(), desc.shape.size());
@@ -70,6 +118,7 @@ uint64_t encode_tensor_header(const TensorDesc& desc, uint8_t* dst, uint64_t cap
   h.byte_size = desc.byte_size;
   h.data_handle = desc.data_handle;
   h.data_offset = desc.data_offset;
+  h.flags = desc.flags;
   std::memcpy(h.cuda_ipc_handle, desc.cuda_ipc_handle.data(), kCudaIpcHandleBytes);
   std::memcpy(dst, &h, sizeof h);
   if (!desc.shape.empty()) std::memcpy(dst + sizeof h, desc.shape.data(), 8 * desc.shape.size());
@@ -94,6 +143,7 @@ TensorDesc decode_tensor_header(const uint8_t* src, uint64_t available) {
   d.byte_size = h.byte_size;
   d.data_handle = h.data_handle;
   d.data_offset = h.data_offset;
+  d.flags = h.flags;
   std::memcpy(d.cuda_ipc_handle.data(), h.cuda_ipc_handle, kCudaIpcHandleBytes);
   d.shape.resize(h.ndim);
   if (h.ndim) std::memcpy(d.shape.data(), src + sizeof h, 8 * uint64_t{h.ndim});

@@ -8,7 +8,7 @@ import enum
 import numpy
 import typing
 import typing_extensions  # noqa: F401  (Buffer, CapsuleType; typing-only)
-__all__: list[str] = ['ALIGNMENT', 'Command', 'ControlQueue', 'CoreError', 'CorruptionError', 'DataType', 'FormatError', 'IPCControl', 'IPCMessage', 'InvalidHandleError', 'LAYOUT_VERSION', 'LayoutVersionError', 'LockResult', 'LockTimeoutError', 'MAX_SEGMENTS', 'MemoryType', 'MessageQueue', 'Pool', 'PoolFullError', 'RecordKind', 'RecordLease', 'RobustMutex', 'Semaphore', 'ShmError', 'ShmSpaceError', 'ShmView', 'TensorInfo', 'count_bytes_elements', 'decode_bytes', 'decode_tensor_header', 'dtype_from_name', 'dtype_name', 'dtype_size', 'encode_bytes', 'encode_bytes_into', 'encode_tensor_header', 'encoded_bytes_size', 'free_record_chain', 'from_dlpack', 'handle_offset', 'handle_segment', 'make_handle', 'read_record', 'read_tensor', 'set_record_next', 'set_spin_budget', 'spin_budget', 'tensor_array', 'tensor_header_bytes', 'to_dlpack', 'write_record', 'write_tensor']
+__all__: list[str] = ['ALIGNMENT', 'Command', 'ControlQueue', 'CoreError', 'CorruptionError', 'DataType', 'FormatError', 'GpuView', 'IPCControl', 'IPCMessage', 'InvalidHandleError', 'LAYOUT_VERSION', 'LayoutVersionError', 'LockResult', 'LockTimeoutError', 'MAX_SEGMENTS', 'MemoryType', 'MessageQueue', 'Pool', 'PoolFullError', 'RecordKind', 'RecordLease', 'RobustMutex', 'Semaphore', 'ShmError', 'ShmSpaceError', 'ShmView', 'TensorInfo', 'count_bytes_elements', 'decode_bytes', 'decode_tensor_header', 'dtype_from_name', 'dtype_name', 'dtype_size', 'encode_bytes', 'encode_bytes_into', 'encode_tensor_header', 'encoded_bytes_size', 'free_record_chain', 'from_dlpack', 'gpu_view', 'handle_offset', 'handle_segment', 'make_handle', 'read_record', 'read_tensor', 'set_record_next', 'set_spin_budget', 'spin_budget', 'tensor_array', 'tensor_header_bytes', 'to_dlpack', 'write_record', 'write_tensor']
 class CoreError(RuntimeError):
     pass
 class ShmError(CoreError):
@@ -419,6 +419,34 @@ class TensorInfo:
     @property
     def shape(self) -> tuple:
         ...
+class GpuView:
+    """
+    CUDA device memory (never dereferenced here), kept alive as long as this view.
+    From from_dlpack it owns the consumed DLPack tensor; from gpu_view it holds the owner.
+    """
+    def __dlpack__(self, stream: typing.Any = None, **kwargs: typing.Any) -> typing_extensions.CapsuleType:
+        """
+        A new kDLCUDA capsule of the same memory; it keeps this view (and so the memory) alive.
+        """
+    def __dlpack_device__(self) -> tuple[int, int]:
+        ...
+    @property
+    def byte_size(self) -> int:
+        ...
+    @property
+    def device_id(self) -> int:
+        ...
+    @property
+    def dtype(self) -> DataType:
+        ...
+    @property
+    def ptr(self) -> int:
+        """
+        Device address of the first element.
+        """
+    @property
+    def shape(self) -> tuple:
+        ...
 class RecordLease:
     """
     Frees an inference record when its last tensor view goes away.
@@ -466,10 +494,15 @@ def free_record_chain(pool: Pool, handle: typing.SupportsInt | typing.SupportsIn
     """
     Free a record and the records chained after it; returns how many were freed.
     """
-def from_dlpack(source: typing.Any) -> tuple[DataType, numpy.ndarray]:
+def from_dlpack(source: typing.Any) -> tuple[DataType, numpy.ndarray | GpuView]:
     """
-    Import a CPU DLPack tensor (object with __dlpack__ or a capsule) without copying.
-    Returns (DataType, numpy view); BF16 is viewed as uint16 words.
+    Import a DLPack tensor (object with __dlpack__ or a capsule) without copying.
+    CPU: returns (DataType, numpy view); BF16 is viewed as uint16 words.
+    CUDA (kDLCUDA, C-contiguous only): returns (DataType, GpuView), which owns the tensor.
+    """
+def gpu_view(owner: typing.Any, ptr: typing.SupportsInt | typing.SupportsIndex, dtype: DataType, shape: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], device_id: typing.SupportsInt | typing.SupportsIndex) -> GpuView:
+    """
+    Describe device memory at `ptr` that `owner` keeps alive (e.g. an opened CUDA IPC handle).
     """
 def handle_offset(handle: typing.SupportsInt | typing.SupportsIndex) -> int:
     ...
@@ -484,6 +517,8 @@ def read_record(pool: Pool, handle: typing.SupportsInt | typing.SupportsIndex, l
     is freed when the last view goes away; otherwise the writer stays its owner. Tensors that
     live in a client region are views of regions[id] (a dict of buffer objects), bounds-checked;
     without `regions` they are described as (region, offset, byte_size, shape) instead.
+    GPU tensors are always described: ("cuda_region", region, offset, byte_size, shape,
+    device_id) or ("cuda_ipc", ipc_handle, offset, byte_size, shape, device_id, buffer_id).
     """
 def read_tensor(pool: Pool, handle: typing.SupportsInt | typing.SupportsIndex) -> TensorInfo:
     """
@@ -510,9 +545,11 @@ def to_dlpack(owner: typing.Any, address: typing.SupportsInt | typing.SupportsIn
 def write_record(pool: Pool, kind: typing.SupportsInt | typing.SupportsIndex, status: typing.SupportsInt | typing.SupportsIndex = 0, ints: collections.abc.Sequence = (), strings: collections.abc.Sequence = (), tensors: collections.abc.Sequence = (), next: typing.SupportsInt | typing.SupportsIndex = 0) -> int:
     """
     Write one record (strings, and tensors given as (name, array[, dtype])) in one allocation.
-    Arrays are copied once; str/bytes/object arrays become BYTES. A 6-tuple (name, shape, dtype,
-    region, region_offset, byte_size) names data in a client region instead (not copied).
-    Returns the record's handle.
+    Arrays are copied once; str/bytes/object arrays become BYTES. Header-only tensors (no copy):
+    (name, shape, dtype, region, region_offset, byte_size) in a client system region;
+    (name, shape, dtype, region, region_offset, byte_size, device_id) in a client CUDA region;
+    (name, shape, dtype, ipc_handle, offset, byte_size, device_id, buffer_id) in the writer's
+    device allocation named by a 64-byte CUDA IPC handle. Returns the record's handle.
     """
 def write_tensor(pool: Pool, name: str, dtype: DataType, shape: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], byte_size: typing.SupportsInt | typing.SupportsIndex, memory_type: MemoryType = ..., device_id: typing.SupportsInt | typing.SupportsIndex = 0, data_handle: typing.SupportsInt | typing.SupportsIndex = 0, data_offset: typing.SupportsInt | typing.SupportsIndex = 0, cuda_ipc_handle: bytes = b'') -> tuple[int, TensorInfo]:
     """

@@ -113,6 +113,8 @@ class SharedTensor:
     def from_dlpack(cls, pool: Pool, name: str, source: Any) -> SharedTensor:
         """Copies a CPU DLPack tensor (torch, numpy, ...) into the pool once; BF16 is kept as is."""
         dtype, view = _core.from_dlpack(source)
+        if isinstance(view, _core.GpuView):
+            raise ValueError(f"tensor '{name}' is in GPU memory; a pool holds CPU tensors only (see docs/gpu.md)")
         tensor = cls.empty(pool, name, dtype, view.shape)
         np.copyto(np.frombuffer(tensor.data_view(), dtype=view.dtype).reshape(view.shape), view)
         return tensor

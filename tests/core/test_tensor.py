@@ -392,3 +392,9 @@ def test_tensor_a_peer_writes_into_a_segment_it_grew_is_readable(pool: _core.Poo
     # 1.5 MiB of output does not fit the 1 MiB first segment: the peer must grow the pool
     exchange_with_peer(pool, spawn, np.linspace(-1, 1, 256).astype(np.float32), out_repeat=1536)
     assert pool.segment_count > segments
+
+
+def test_from_dlpack_refuses_gpu_memory_with_a_clear_error(pool: _core.Pool) -> None:
+    capsule = _core.to_dlpack(object(), 0x7F00_0000_0000, _core.DataType.FP32, [4], device_type=2, device_id=0)
+    with pytest.raises(ValueError, match="tensor 'X' is in GPU memory; a pool holds CPU tensors only"):
+        SharedTensor.from_dlpack(pool, "X", capsule)
