@@ -15,6 +15,9 @@ Triton Python-backend models run unmodified::
 """
 
 from stubhost.backend_utils.constants import (
+    TRITONSERVER_MEMORY_CPU,
+    TRITONSERVER_MEMORY_CPU_PINNED,
+    TRITONSERVER_MEMORY_GPU,
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
     TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
     TRITONSERVER_REQUEST_RELEASE_ALL,
@@ -38,7 +41,7 @@ from stubhost.backend_utils.helpers import (
 from stubhost.backend_utils.logger import Logger, LogLevel
 from stubhost.backend_utils.metrics import Metric, MetricFamily
 from stubhost.backend_utils.model_config import ModelConfig
-from stubhost.backend_utils.request import InferenceRequest
+from stubhost.backend_utils.request import InferenceRequest, PreferredMemory
 from stubhost.backend_utils.response import InferenceResponse
 from stubhost.backend_utils.response_sender import InferenceResponseSender
 from stubhost.backend_utils.tensor import Tensor
@@ -51,6 +54,10 @@ __all__ = [
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
     "TRITON_STRING_TO_NUMPY",
     "InferenceRequest",
+    "PreferredMemory",
+    "TRITONSERVER_MEMORY_CPU",
+    "TRITONSERVER_MEMORY_CPU_PINNED",
+    "TRITONSERVER_MEMORY_GPU",
     "InferenceResponse",
     "InferenceResponseSender",
     "LogLevel",

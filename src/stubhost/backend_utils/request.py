@@ -18,16 +18,33 @@ if TYPE_CHECKING:
     pass
 
 
+class PreferredMemory:
+    """Where a BLS call's outputs should be placed: ``PreferredMemory(TRITONSERVER_MEMORY_GPU, 0)``.
+
+    A preference, as in Triton: outputs land on the GPU when one is usable, else stay on the CPU.
+    """
+
+    __slots__ = ("preferred_memory_type", "preferred_device_id")
+
+    def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = int(preferred_memory_type)
+        self.preferred_device_id = int(preferred_device_id)
+
+    def __repr__(self) -> str:
+        return f"PreferredMemory({self.preferred_memory_type}, {self.preferred_device_id})"
+
+
 class InferenceRequest:
     """One inference request: inputs, requested outputs, id, correlation id, flags, parameters."""
 
     __slots__ = ("_inputs", "_requested_output_names", "_request_id", "_correlation_id", "_flags", "_destinations",
-                 "_parameters", "_timeout", "_model_name", "_model_version", "_state", "_release_flags")
+                 "_parameters", "_timeout", "_model_name", "_model_version", "_state", "_release_flags", "_preferred_memory")
 
     def __init__(self, model_name: str = "", inputs: Sequence[Tensor] = (),
                  requested_output_names: Sequence[str] = (), request_id: str = "",
                  correlation_id: int | str = 0, model_version: int = -1, flags: int = 0,
-                 timeout: int = 0, parameters: dict[str, Any] | str | None = None, **_: Any) -> None:
+                 timeout: int = 0, parameters: dict[str, Any] | str | None = None,
+                 preferred_memory: PreferredMemory | None = None, **_: Any) -> None:
         for tensor in inputs:
             if not isinstance(tensor, Tensor):
                 raise TypeError(f"inputs must be pb_utils.Tensor objects, got {type(tensor).__name__}")
@@ -43,6 +60,9 @@ class InferenceRequest:
         self._destinations: dict[str, tuple[int, int, int]] | None = None
         self._state: SenderState | None = None
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        if preferred_memory is not None and not isinstance(preferred_memory, PreferredMemory):
+            raise TypeError("preferred_memory must be a pb_utils.PreferredMemory")
+        self._preferred_memory = preferred_memory
 
     @classmethod
     def _from_stub(cls, inputs: list[Tensor], requested: list[str], request_id: str, correlation_id: int | str,
@@ -62,6 +82,7 @@ class InferenceRequest:
         r._destinations = None  # outputs to write into clients' regions: name -> (region, offset, size)
         r._state = None  # set by the stub: the request's record handle and its sender's state
         r._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        r._preferred_memory = None
         return r
 
     def inputs(self) -> list[Tensor]:

@@ -1,7 +1,10 @@
 """``pb_utils.Tensor``: a named tensor that model code reads inputs from and builds outputs with.
 
 Inputs are zero-copy numpy views of the stub's shared-memory pool; outputs wrap the model's numpy
-arrays and are copied into the pool once, when the response is sent.
+arrays and are copied into the pool once, when the response is sent. A GPU tensor (from
+``from_dlpack`` of a cupy or torch CUDA tensor, or an input in a client's CUDA region when the
+model sets ``FORCE_CPU_ONLY_INPUT_TENSORS`` to ``"no"``) holds a ``_core.GpuView`` of the device
+memory instead of an array: ``is_cpu()`` is False and DLPack hands it on without a copy.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from stubhost.tensor import numpy_to_triton_dtype
 
 _BF16 = int(_core.DataType.BF16)
 _BYTES = int(_core.DataType.BYTES)
+_GPU_VIEW = _core.GpuView
+_KDL_CUDA = 2
 
 
 class Tensor:
@@ -59,11 +64,13 @@ class Tensor:
         return self._dtype
 
     def is_cpu(self) -> bool:
-        """True: tensors live in CPU memory (GPU tensors arrive with the GPU issue)."""
-        return True
+        """True when the tensor lives in CPU memory, False for a GPU tensor."""
+        return type(self._array) is not _GPU_VIEW
 
     def as_numpy(self) -> np.ndarray:
         """The tensor as a numpy array: a view, never a copy (BYTES: an object array of bytes)."""
+        if type(self._array) is _GPU_VIEW:
+            raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
         if self._dtype == _BF16:
             raise TritonModelException(
                 "tensor dtype is bf16 and cannot be converted to numpy. Use Tensor.to_dlpack() and/or "
@@ -79,16 +86,21 @@ class Tensor:
         if self._dtype == _BYTES:
             raise TritonModelException("DLPack does not support BYTES tensors")
         array = self._array
+        if type(array) is _GPU_VIEW:
+            return array.__dlpack__(stream=stream)
         dtype = _core.DataType(self._dtype)
         return _core.to_dlpack(array, array.ctypes.data, dtype, array.shape)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        """(kDLCPU, 0)."""
+        """(kDLCPU, 0), or (kDLCUDA, device id) for a GPU tensor."""
+        if type(self._array) is _GPU_VIEW:
+            return (_KDL_CUDA, self._array.device_id)
         return (1, 0)
 
     @staticmethod
     def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
-        """A tensor sharing the memory of a DLPack capsule or of any object with ``__dlpack__``."""
+        """A tensor sharing the memory of a DLPack capsule or of any object with ``__dlpack__``
+        (CPU or CUDA memory; a GPU tensor must be contiguous)."""
         dtype, array = _core.from_dlpack(dlpack_tensor)
         return Tensor._wrap(name, int(dtype), array)
 

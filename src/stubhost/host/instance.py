@@ -554,7 +554,10 @@ class ModelInstance:
         except (TimeoutError, _core.CoreError) as e:
             raise InferenceError("UNAVAILABLE", f"cannot send input '{name}' to instance "
                                                 f"'{process.instance_name}': {e}") from None
-        return (name, value.shape, dtype, value.region.id, value.offset, value.byte_size)
+        region = value.region
+        if region.kind == "cuda":  # a GPU tensor: the record names the region and the device
+            return (name, value.shape, dtype, region.id, value.offset, value.byte_size, region.device_id)
+        return (name, value.shape, dtype, region.id, value.offset, value.byte_size)
 
     @staticmethod
     def _destination(process: StubProcess, output: RegionDestination) -> str:

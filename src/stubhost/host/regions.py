@@ -9,6 +9,7 @@ first Execute that uses it) and drops the mapping when the client unregisters it
 
 from __future__ import annotations
 
+import base64
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -19,12 +20,23 @@ import numpy as np
 @dataclass(frozen=True)
 class ClientRegion:
     """A registered region as a stub opens it: ``byte_size`` bytes at ``offset`` in the POSIX shm
-    object ``key``; ``id`` is unique per registration."""
+    object ``key``; ``id`` is unique per registration. A CUDA region (``kind == "cuda"``) is
+    instead the allocation its ``raw_handle`` (a cudaIpcMemHandle_t) names on ``device_id``."""
 
     id: int
     key: str
     offset: int
     byte_size: int
+    kind: str = "system"
+    raw_handle: bytes = b""
+    device_id: int = 0
+
+    def map_payload(self) -> dict[str, Any]:
+        """What REGION_MAP tells a stub about this region."""
+        if self.kind == "cuda":
+            return {"id": self.id, "kind": "cuda", "raw_handle": base64.b64encode(self.raw_handle).decode(),
+                    "device_id": self.device_id, "byte_size": self.byte_size}
+        return {"id": self.id, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
 
 class RegionTensor:

@@ -224,8 +224,7 @@ class StubProcess:
         with self._regions_lock:  # SYNC: a second caller must not queue its Execute before this map
             if region.id in self._regions:
                 return
-            self._send_unwaited(Command.REGION_MAP, {"id": region.id, "key": region.key, "offset": region.offset,
-                                                     "byte_size": region.byte_size})
+            self._send_unwaited(Command.REGION_MAP, region.map_payload())
             self._regions.add(region.id)
 
     def unmap_region(self, region_id: int) -> None:

@@ -79,6 +79,14 @@ def _request_controls(request: InferRequest) -> tuple[dict[str, Any], int | str,
     return model_params, correlation, flags, timeout, priority
 
 
+def _client_region(region: SystemRegion | CudaRegion) -> ClientRegion:
+    """A registered region as the stubs are told of it."""
+    if isinstance(region, CudaRegion):
+        return ClientRegion(region.id, "", 0, region.byte_size, kind="cuda", raw_handle=region.raw_handle,
+                            device_id=region.device_id)
+    return ClientRegion(region.id, region.key, region.offset, region.byte_size)
+
+
 class StreamEvent(NamedTuple):
     """One response of a streamed request: a result, or an error, or (both None) only the final
     flag; ``final`` says whether it is the request's last."""
@@ -328,13 +336,14 @@ class InferenceService:
                 raise InferenceError("INVALID_ARG", f"input byte size mismatch for input '{tensor.name}' for model "
                                                     f"'{model_name}'. Expected {expected}, got {lease.byte_size}")
         region = lease.region
-        if not isinstance(region, SystemRegion):
-            return self._cuda_input(tensor, lease, dtype)
-        client = ClientRegion(region.id, region.key, region.offset, region.byte_size)
-        return RegionTensor(client, lease.offset, lease.byte_size, dtype, tuple(tensor.shape))
+        if isinstance(region, CudaRegion) and dtype.kind == "O":
+            return self._cuda_bytes_input(tensor, lease)
+        return RegionTensor(_client_region(region), lease.offset, lease.byte_size, dtype, tuple(tensor.shape))
 
     @staticmethod
-    def _cuda_input(tensor: InputTensor, lease: RegionLease, dtype: np.dtype) -> np.ndarray:
+    def _cuda_bytes_input(tensor: InputTensor, lease: RegionLease) -> np.ndarray:
+        """A BYTES input in a CUDA region: GPU tensors cannot hold BYTES, so it is read to the
+        host here and decoded (Triton's Python backend also hands models BYTES on the CPU)."""
         host = np.empty(lease.byte_size, dtype=np.uint8)
         region = lease.region
         assert isinstance(region, CudaRegion)
@@ -343,24 +352,18 @@ class InferenceService:
         except Exception as e:  # a CUDA failure is the server's, not the client's
             raise InferenceError("INTERNAL", f"failed to read input '{tensor.name}' from CUDA shared memory "
                                              f"region '{lease.name}': {e}") from None
-        if dtype.kind == "O":
-            try:
-                return _core.decode_bytes(memoryview(host), math.prod(tensor.shape)).reshape(tensor.shape)
-            except (_core.CoreError, ValueError) as e:
-                raise InferenceError("INVALID_ARG", f"input '{tensor.name}': malformed BYTES data: {e}") from None
-        return host.view(dtype).reshape(tensor.shape)
+        try:
+            return _core.decode_bytes(memoryview(host), math.prod(tensor.shape)).reshape(tensor.shape)
+        except (_core.CoreError, ValueError) as e:
+            raise InferenceError("INVALID_ARG", f"input '{tensor.name}': malformed BYTES data: {e}") from None
 
     def _destination(self, spec: RequestedOutput, leases: list[RegionLease]) -> RegionDestination | str:
-        """Where the stub should write an output the client placed in a system region (a CUDA
-        region is the front end's to fill)."""
+        """Where the stub should write an output the client placed in a region: the stub writes
+        it there itself (device to device when both the output and the region are on the GPU)."""
         assert spec.shm is not None
         lease = self.registry.acquire(spec.shm)
         leases.append(lease)
-        region = lease.region
-        if not isinstance(region, SystemRegion):
-            return spec.name
-        client = ClientRegion(region.id, region.key, region.offset, region.byte_size)
-        return RegionDestination(spec.name, client, lease.offset, lease.byte_size)
+        return RegionDestination(spec.name, _client_region(lease.region), lease.offset, lease.byte_size)
 
     def _outputs(self, request: InferRequest, arrays: Mapping[str, np.ndarray | RegionOutput],
                  leases: list[RegionLease]) -> list[OutputTensor]:

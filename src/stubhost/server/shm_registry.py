@@ -168,15 +168,17 @@ class SystemRegion(_Region):
 
 
 class CudaRegion(_Region):
-    """A registered CUDA shared-memory region: ``byte_size`` bytes on ``device_id``, opened as ``handle``."""
+    """A registered CUDA shared-memory region: ``byte_size`` bytes on ``device_id`` of the
+    allocation ``raw_handle`` names, opened here as ``handle``."""
 
-    __slots__ = ("device_id", "handle")
+    __slots__ = ("device_id", "handle", "raw_handle")
     kind: Kind = "cuda"
 
-    def __init__(self, name: str, device_id: int, byte_size: int, handle: Any) -> None:
+    def __init__(self, name: str, device_id: int, byte_size: int, handle: Any, raw_handle: bytes = b"") -> None:
         super().__init__(name, byte_size)
         self.device_id = device_id
         self.handle = handle
+        self.raw_handle = raw_handle
 
     def _close(self) -> None:
         close = getattr(self.handle, "close", None)
@@ -328,7 +330,7 @@ class SharedMemoryRegistry:
         except Exception as e:
             # Triton logs the CUDA error and answers with a generic message; so do we (chained).
             raise _register_failed(name) from e
-        region = CudaRegion(name, dev, size, handle)
+        region = CudaRegion(name, dev, size, handle, raw)
         with self._lock:
             duplicate = name in self._regions
             if not duplicate:

@@ -18,9 +18,11 @@ from stubhost import _core
 from stubhost._core import Command, IPCMessage, MessageQueue, Pool, RecordKind
 from stubhost.backend_utils.bls import BLS_OUTSIDE_EXECUTE
 from stubhost.backend_utils.errors import TritonError, TritonModelException
-from stubhost.backend_utils.request import InferenceRequest
+from stubhost.backend_utils.constants import TRITONSERVER_MEMORY_GPU
+from stubhost.backend_utils.request import InferenceRequest, PreferredMemory
 from stubhost.backend_utils.response import InferenceResponse
 from stubhost.backend_utils.tensor import Tensor
+from stubhost.stub.gpu_io import host_entry, on_gpu
 from stubhost.protocol import REPLY_OK, RESPONSE_EMPTY, RESPONSE_FINAL, read_payload, write_payload
 
 _REQUEST = int(RecordKind.REQUEST)
@@ -36,8 +38,10 @@ class ResponseIterator:
     iterator dropped before its end cancels too.
     """
 
-    def __init__(self, caller: StubCaller, stream_id: int, inbox: queue.SimpleQueue[tuple[int, int]]) -> None:
+    def __init__(self, caller: StubCaller, stream_id: int, inbox: queue.SimpleQueue[tuple[int, int]],
+                 preferred: PreferredMemory | None = None) -> None:
         self._caller = caller
+        self._preferred = preferred
         self._id = stream_id
         self._inbox = inbox
         self._done = [False]  # shared with the finalizer, which must not hold the iterator
@@ -60,7 +64,7 @@ class ResponseIterator:
         if flags & RESPONSE_FINAL:
             self._done[0] = True
             self._finalizer()
-        return self._caller._read(record) if record else InferenceResponse()
+        return self._caller._read(record, self._preferred) if record else InferenceResponse()
 
     def cancel(self) -> None:
         """Asks the target model to stop (its ``request.is_cancelled()`` turns true)."""
@@ -88,7 +92,7 @@ class StubCaller:
         inbox: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
         with self._lock:
             self._streams[stream_id] = inbox
-        iterator = ResponseIterator(self, stream_id, inbox)
+        iterator = ResponseIterator(self, stream_id, inbox, request._preferred_memory)
         record = self._write(request)
         if not self._post(Command.INFER_STREAM_EXEC_REQUEST, record, stream_id):
             self.pool.free(record)
@@ -220,12 +224,14 @@ class StubCaller:
             payload = read_payload(self.pool, reply) if reply else {}
             text = payload.get("message", "") if isinstance(payload, dict) else ""
             return InferenceResponse(error=TritonError(text or "BLS request failed"))
-        return self._read(reply)
+        return self._read(reply, request._preferred_memory)
 
     def _write(self, request: InferenceRequest) -> int:
         correlation = request.correlation_id()
         corr_int, corr_text = (correlation, "") if isinstance(correlation, int) else (0, str(correlation))
-        tensors = [(t._name, t._array, t._dtype) for t in request.inputs()]
+        # GPU inputs travel through the pool: copied to the host once (the parent passes CPU
+        # tensors between instances).
+        tensors = [(t._name, t._array, t._dtype) if t.is_cpu() else host_entry(t) for t in request.inputs()]
         strings = (request.request_id(), request.parameters(), corr_text, request.model_name(),
                    str(request.model_version()), *request.requested_output_names())
         try:
@@ -235,7 +241,7 @@ class StubCaller:
             raise TritonModelException("BLS request failed: no room for its inputs in the instance's shared "
                                        "memory") from None
 
-    def _read(self, handle: int) -> InferenceResponse:
+    def _read(self, handle: int, preferred: PreferredMemory | None = None) -> InferenceResponse:
         try:
             kind, code, _, next_record, strings, tensors = _core.read_record(self.pool, handle, True)
             if next_record:
@@ -247,4 +253,6 @@ class StubCaller:
         if code:
             return InferenceResponse(error=TritonError(strings[0] if strings else "", code - 1))
         outputs = [Tensor._wrap(name, dtype, array) for name, dtype, array in tensors]
+        if preferred is not None and preferred.preferred_memory_type == TRITONSERVER_MEMORY_GPU:
+            outputs = on_gpu(outputs, preferred.preferred_device_id)
         return InferenceResponse(outputs, parameters=strings[1] if len(strings) > 1 else None)

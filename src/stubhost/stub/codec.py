@@ -13,6 +13,10 @@ from stubhost.backend_utils.request import InferenceRequest
 from stubhost.backend_utils.response import InferenceResponse
 from stubhost.backend_utils.response_sender import SenderState
 from stubhost.backend_utils.tensor import Tensor
+from stubhost.gpu import cuda
+from stubhost.gpu.cuda import CudaError
+from stubhost.gpu.layout import is_gpu_description
+from stubhost.stub.gpu_io import CudaTarget, StubGpu, host_entry
 from stubhost.protocol import (
     MAX_BATCH_RECORDS,
     OUTPUT_DESTINATION_SEP,
@@ -26,12 +30,13 @@ _RESPONSE = int(RecordKind.RESPONSE)
 _INTERNAL = 1  # TritonError.INTERNAL
 _INVALID_ARG = 3  # TritonError.INVALID_ARG
 _BYTES = int(_core.DataType.BYTES)
+_GPU_VIEW = _core.GpuView
 
 
 def read_requests(pool: Pool, first: int, model_name: str, model_version: int,
-                  regions: dict[int, memoryview] | None = None) -> list[InferenceRequest]:
+                  regions: dict[int, memoryview] | None = None, gpu: StubGpu | None = None) -> list[InferenceRequest]:
     """The requests of an Execute chain; their tensors are views of the parent's records (or of
-    the client regions in `regions`, by id)."""
+    the client regions in `regions`, by id; GPU tensors in CUDA regions come through `gpu`)."""
     requests: list[InferenceRequest] = []
     handle = first
     while handle:
@@ -43,7 +48,7 @@ def read_requests(pool: Pool, first: int, model_name: str, model_version: int,
                                                 else _core.read_record(pool, handle))
         if len(strings) < REQUEST_FIXED_STRINGS:
             raise _core.FormatError("request record lacks its fixed strings")
-        inputs = [Tensor._wrap(name, dtype, array) for name, dtype, array in tensors]
+        inputs = [Tensor._wrap(*t) if type(t[2]) is not tuple else _gpu_input(t, gpu) for t in tensors]
         correlation: int | str = strings[2] if strings[2] else ints[1]
         requested = strings[REQUEST_FIXED_STRINGS:]
         destinations = None
@@ -62,6 +67,14 @@ def read_requests(pool: Pool, first: int, model_name: str, model_version: int,
         request._state = SenderState(this)  # the record's handle names the request to the parent
         requests.append(request)
     return requests
+
+
+def _gpu_input(entry: tuple[str, int, tuple[object, ...]], gpu: StubGpu | None) -> Tensor:
+    """An input the record describes instead of viewing: a GPU tensor in a client CUDA region."""
+    name = entry[0]
+    if gpu is None or not is_gpu_description(entry[2]):
+        raise _core.FormatError(f"input '{name}' lies in memory this stub has not mapped")
+    return Tensor._wrap(*gpu.input_tensor(*entry))
 
 
 def write_error(pool: Pool, message: str, code: int = _INTERNAL, next_handle: int = 0,
@@ -84,6 +97,8 @@ def _place(tensor: Tensor, where: tuple[int, int, int], targets: dict[int, memor
     if target is None or offset > len(target) or size > len(target) - offset:
         raise ValueError(f"output '{tensor._name}' names a client region that is not mapped")
     array = tensor._array
+    if type(target) is not memoryview or type(array) is _GPU_VIEW:
+        return _place_gpu(tensor, region, offset, size, target)
     if tensor._dtype == _BYTES:
         items = array.ravel()
         nbytes = _core.encoded_bytes_size(items)
@@ -99,6 +114,28 @@ def _place(tensor: Tensor, where: tuple[int, int, int], targets: dict[int, memor
     elif nbytes:
         window[:] = memoryview(array).cast("B")
     return (tensor._name, array.shape, tensor._dtype, region, offset, nbytes)
+
+
+def _place_gpu(tensor: Tensor, region: int, offset: int, size: int, target: memoryview | CudaTarget) -> tuple[object, ...]:
+    """`_place` where a GPU is involved: a GPU output, or a client CUDA region, or both (one
+    copy: device to device, device to host or host to device)."""
+    array = tensor._array
+    shape = tuple(array.shape)
+    gpu = type(array) is _GPU_VIEW
+    if tensor._dtype == _BYTES:  # serialized on the host, then copied to the device
+        array = np.frombuffer(_core.encode_bytes(array.ravel()), dtype=np.uint8)
+    elif not gpu:
+        array = np.ascontiguousarray(array)
+    nbytes = array.byte_size if gpu else array.nbytes
+    if nbytes > size:
+        raise _TooSmall(f"shared memory size specified with the request for output '{tensor._name}' ({size} "
+                        f"bytes) should be at least {nbytes} bytes to hold the results")
+    if type(target) is memoryview:  # a GPU output into a system region: device to host
+        window = np.frombuffer(target[offset:offset + nbytes], dtype=np.uint8)
+        cuda.runtime().copy(window.ctypes.data, array.ptr, nbytes, array.device_id)
+    else:
+        target.write(offset, array, nbytes, tensor._name)
+    return (tensor._name, shape, tensor._dtype, region, offset, nbytes)
 
 
 def _no_room(pool: Pool, request: InferenceRequest, next_handle: int, times: tuple[int, int, int]) -> int:
@@ -129,14 +166,15 @@ def write_response(pool: Pool, request: InferenceRequest, response: InferenceRes
         if destinations:
             tensors: list[tuple[object, ...]] = [
                 _place(t, destinations[t._name], targets or {}) if t._name in destinations else
-                (t._name, t._array, t._dtype) for t in outputs]
+                (t._name, t._array, t._dtype) if type(t._array) is not _GPU_VIEW else host_entry(t) for t in outputs]
         else:
-            tensors = [(t._name, t._array, t._dtype) for t in outputs]
+            tensors = [(t._name, t._array, t._dtype) if type(t._array) is not _GPU_VIEW else host_entry(t)
+                       for t in outputs]
     except _TooSmall as e:
         return write_error(pool, str(e), _INVALID_ARG, next_handle, times)
     except (_core.PoolFullError, _core.ShmError, _core.ShmSpaceError):
         return _no_room(pool, request, next_handle, times)
-    except (_core.CoreError, TypeError, ValueError) as e:
+    except (_core.CoreError, TypeError, ValueError, CudaError) as e:
         return write_error(pool, f"failed to send the response of request '{request.request_id()}': {e}",
                            next_handle=next_handle, times=times)
     try:

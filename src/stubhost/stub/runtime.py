@@ -37,6 +37,7 @@ from stubhost.logs import encode_model_line
 from stubhost.protocol import REPLY_ERROR, REPLY_OK, RESPONSE_FINAL, read_payload, write_payload
 from stubhost.stub import codec
 from stubhost.stub.loader import load_model_module
+from stubhost.stub.gpu_io import CudaTarget, StubGpu, force_cpu_only_inputs
 from stubhost.stub.caller import StubCaller
 from stubhost.stub.responder import StubResponder
 
@@ -118,7 +119,9 @@ class StubRuntime:
         self.regions: dict[int, memoryview] = {}  # client regions by id, read-only views for inputs
         self.iterative = False  # sequence_batching { iterative_sequence: true }: requests may be rescheduled
         self.rescheduled: list[InferenceRequest] = []  # to run again in the next execute
-        self.targets: dict[int, memoryview] = {}  # the same regions, writable, for outputs placed there
+        self.targets: dict[int, memoryview | CudaTarget] = {}  # regions, writable, for outputs placed there
+        self.gpu: StubGpu | None = None  # client CUDA regions; made by the first one mapped
+        self.force_cpu_inputs = True  # FORCE_CPU_ONLY_INPUT_TENSORS
         self.calls = MessageQueue.attach(self.pool, self.control.stub_to_parent_mq)
         self.answers = MessageQueue.attach(self.pool, self.control.parent_to_stub_mq)
         self.responder = StubResponder(self.pool, self.calls, self.parent_alive, self.targets)
@@ -282,6 +285,7 @@ class StubRuntime:
         self.decoupled = self.responder.decoupled = bool(payload.get("decoupled", False))
         config = json.loads(args["model_config"])
         self.iterative = bool((config.get("sequence_batching") or {}).get("iterative_sequence", False))
+        self.force_cpu_inputs = force_cpu_only_inputs(config)
         model = module.TritonPythonModel()
         if not callable(getattr(model, "execute", None)):
             raise AttributeError("TritonPythonModel must define an 'execute' method")
@@ -299,9 +303,16 @@ class StubRuntime:
         message.reply(REPLY_OK, write_payload(self.pool, {"ready": ready}))
 
     def on_region_map(self, message: IPCMessage) -> None:
-        """Maps a client's system shared-memory region: models read inputs there in place (through
-        read-only views) and outputs the client placed there are written into it once."""
+        """Maps a client's region: models read inputs there in place (a system region through
+        read-only views; a CUDA region through its opened IPC handle) and outputs the client placed
+        there are written into it once."""
         payload = read_payload(self.pool, message.args)
+        if payload.get("kind") == "cuda":
+            if self.gpu is None:
+                self.gpu = StubGpu(self.force_cpu_inputs)
+            self.targets[int(payload["id"])] = self.gpu.map_region(payload)
+            message.reply(REPLY_OK, 0)
+            return
         offset, size = int(payload["offset"]), int(payload["byte_size"])
         fd = _posixshmem.shm_open(str(payload["key"]), os.O_RDWR, 0)
         try:
@@ -319,10 +330,13 @@ class StubRuntime:
         payload = read_payload(self.pool, message.args)
         self.regions.pop(int(payload["id"]), None)
         self.targets.pop(int(payload["id"]), None)
+        if self.gpu is not None:
+            self.gpu.unmap_region(int(payload["id"]))
         message.reply(REPLY_OK, 0)
 
     def on_execute(self, message: IPCMessage) -> None:
-        requests = codec.read_requests(self.pool, message.args, self.model_name, self.model_version, self.regions)
+        requests = codec.read_requests(self.pool, message.args, self.model_name, self.model_version, self.regions,
+                                       self.gpu)
         start = time.monotonic_ns()
         # Requests rescheduled by the last execute join this batch, first (their callers were
         # answered "deferred" already: their responses go through their senders).
