@@ -24,7 +24,7 @@ import numpy as np
 from stubhost import _core
 from stubhost._core import Command, IPCMessage, RecordKind
 from stubhost.host.errors import InferenceError
-from stubhost.host.regions import RegionDestination, RegionTensor
+from stubhost.host.regions import RegionDestination, RegionTensor, destination_text, region_entry
 from stubhost.host.streams import ResponseStream, StreamItem
 from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess, StubSettings
 from stubhost.protocol import (
@@ -32,7 +32,6 @@ from stubhost.protocol import (
     REPLY_OK,
     REPLY_STUB_GONE,
     RESPONSE_DEFERRED,
-    encode_destination,
     error_code_name,
     read_payload,
     write_payload,
@@ -528,10 +527,10 @@ class ModelInstance:
             timeout_us = int(timeout * 1e6) if timeout is not None else 0
         entries: list[tuple[Any, ...]] = tensors  # type: ignore[assignment]
         if any(type(t[1]) is RegionTensor for t in tensors):
-            entries = [self._region_entry(process, t) if type(t[1]) is RegionTensor else t for t in tensors]
+            entries = [region_entry(process, t) if type(t[1]) is RegionTensor else t for t in tensors]
         names: Sequence[str | RegionDestination] = outputs
         if any(type(o) is RegionDestination for o in outputs):
-            names = [self._destination(process, o) if type(o) is RegionDestination else o for o in outputs]
+            names = [destination_text(process, o) if type(o) is RegionDestination else o for o in outputs]
         try:
             return _core.write_record(pool, _REQUEST, 0, (flags, corr_int, timeout_us),
                                       (request_id, parameters, corr_text, *names), entries)
@@ -543,31 +542,6 @@ class ModelInstance:
                                                 f"'{self.name}'") from None
         except (_core.CoreError, TypeError, ValueError) as e:
             raise InferenceError("INVALID_ARG", f"[request id: {request_id or '<id_unknown>'}] {e}") from None
-
-    @staticmethod
-    def _region_entry(process: StubProcess, tensor: tuple[str, Any, int]) -> tuple[Any, ...]:
-        """The record entry of an input in a client region: named, not copied, once the stub
-        has been asked to map the region (ahead of this request in its queue)."""
-        name, value, dtype = tensor
-        try:
-            process.map_region(value.region)
-        except (TimeoutError, _core.CoreError) as e:
-            raise InferenceError("UNAVAILABLE", f"cannot send input '{name}' to instance "
-                                                f"'{process.instance_name}': {e}") from None
-        region = value.region
-        if region.kind == "cuda":  # a GPU tensor: the record names the region and the device
-            return (name, value.shape, dtype, region.id, value.offset, value.byte_size, region.device_id)
-        return (name, value.shape, dtype, region.id, value.offset, value.byte_size)
-
-    @staticmethod
-    def _destination(process: StubProcess, output: RegionDestination) -> str:
-        """The requested-output string of an output the stub writes into a client region."""
-        try:
-            process.map_region(output.region)
-        except (TimeoutError, _core.CoreError) as e:
-            raise InferenceError("UNAVAILABLE", f"cannot send output '{output.name}' to instance "
-                                                f"'{process.instance_name}': {e}") from None
-        return encode_destination(output.name, output.region.id, output.offset, output.byte_size)
 
     def _timed_out(self, process: StubProcess, message: IPCMessage, record: int,
                    timeout: float | None) -> InferenceError:

@@ -36,10 +36,10 @@ from stubhost.config import (
     select_versions,
     validate_config,
 )
-from stubhost.config.model_config_pb2 import ModelInstanceGroup
 from stubhost.config.defaults import ENSEMBLE_PLATFORM
-from stubhost.gpu import cuda
 from stubhost.host.ensemble import EnsembleModel, ModelLookup
+from stubhost.gpu.cuda import device_ids
+from stubhost.host.instance_groups import instance_placements
 from stubhost.host.errors import InferenceError
 from stubhost.host.versions import resolve_version
 from stubhost.host.inputs import RequestChecker
@@ -66,31 +66,6 @@ from stubhost.protocol import write_payload
 log = logging.getLogger("stubhost")
 
 PYTHON_PARAMETER = "STUBHOST_PYTHON_EXECUTABLE"  # config parameter: the model's own interpreter
-_KINDS = {"KIND_CPU": "CPU", "KIND_MODEL": "MODEL", "KIND_AUTO": "CPU"}
-
-
-def _placements(group: ModelInstanceGroup, model_dir: ModelDir) -> list[tuple[str, int, int]]:
-    """(kind, device id, index) of each instance of a group: ``count`` instances, and for
-    ``KIND_GPU`` that many on each listed GPU (indices run on across GPUs, so names stay unique)."""
-    kind = _KINDS.get(ModelInstanceGroup.Kind.Name(group.kind))
-    if kind is not None:
-        return [(kind, 0, index) for index in range(group.count)]
-    available = cuda.device_ids()
-    source = str(model_dir.config_path or model_dir.path)
-    if not available:
-        raise ConfigError(source, f"instance group '{group.name}' asks for GPU instances, but no GPU support "
-                                  f"is available ({cuda.unavailable_reason()})", field="instance_group")
-    for gpu in group.gpus:
-        if gpu not in available:
-            # Triton's words for a GPU id it cannot use.
-            raise ConfigError(source, f"instance group {group.name} of model {model_dir.name} specifies invalid "
-                                      f"or unsupported gpu id {gpu}. GPUs with at least the minimum required CUDA "
-                                      f"compute compatibility of 6.0 are: "
-                                      f"{' '.join(str(g) for g in available)}", field="instance_group")
-    devices = list(group.gpus) or available
-    return [("GPU", gpu, i * group.count + c) for i, gpu in enumerate(devices) for c in range(group.count)]
-
-
 @dataclass
 class LoadOptions:
     """How models are loaded (shared by every model of a server)."""
@@ -276,7 +251,7 @@ class LoadedModel:
         try:
             if options.auto_complete:
                 cfg = _auto_complete(first, cfg, first_file, model_dir, source, options.init_timeout_s)
-            fill_defaults(cfg, name, available_gpus=cuda.device_ids())
+            fill_defaults(cfg, name, available_gpus=device_ids())
             validate_config(cfg, model_dir_name=name, source=source)
             versions = select_versions(cfg, model_dir.versions)
             if not versions:
@@ -302,7 +277,7 @@ class LoadedModel:
         for version in versions:
             file = str(model_file(model_dir, version, cfg))
             for group in cfg.instance_group:
-                for kind, device_id, index in _placements(group, model_dir):
+                for kind, device_id, index in instance_placements(group, model_dir):
                     specs.append(InstanceSpec(
                         model_name=name, version=version, instance_name=f"{group.name}_{index}", kind=kind,
                         device_id=device_id, model_file=file, model_dir=str(model_dir.path), config=config_dict,

@@ -12,9 +12,16 @@ from __future__ import annotations
 import base64
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from stubhost import _core
+from stubhost.host.errors import InferenceError
+from stubhost.protocol import encode_destination
+
+if TYPE_CHECKING:
+    from stubhost.host.stub_process import StubProcess
 
 
 @dataclass(frozen=True)
@@ -92,3 +99,28 @@ class RegionOutput:
     byte_size: int
     shape: tuple[int, ...]
     dtype: int
+
+
+def region_entry(process: StubProcess, tensor: tuple[str, Any, int]) -> tuple[Any, ...]:
+    """The record entry of an input in a client region: named, not copied, once the stub
+    has been asked to map the region (ahead of this request in its queue)."""
+    name, value, dtype = tensor
+    try:
+        process.map_region(value.region)
+    except (TimeoutError, _core.CoreError) as e:
+        raise InferenceError("UNAVAILABLE", f"cannot send input '{name}' to instance "
+                                            f"'{process.instance_name}': {e}") from None
+    region = value.region
+    if region.kind == "cuda":  # a GPU tensor: the record names the region and the device
+        return (name, value.shape, dtype, region.id, value.offset, value.byte_size, region.device_id)
+    return (name, value.shape, dtype, region.id, value.offset, value.byte_size)
+
+
+def destination_text(process: StubProcess, output: RegionDestination) -> str:
+    """The requested-output string of an output the stub writes into a client region."""
+    try:
+        process.map_region(output.region)
+    except (TimeoutError, _core.CoreError) as e:
+        raise InferenceError("UNAVAILABLE", f"cannot send output '{output.name}' to instance "
+                                            f"'{process.instance_name}': {e}") from None
+    return encode_destination(output.name, output.region.id, output.offset, output.byte_size)
