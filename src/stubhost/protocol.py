@@ -97,6 +97,12 @@ def decode_destination(text: str) -> tuple[str, tuple[int, int, int] | None]:
     return name, (region, offset, size)
 
 
+def output_too_large(name: str, size: int, nbytes: int) -> str:
+    """Triton's words for an output of `nbytes` that a client region window of `size` cannot hold."""
+    return (f"shared memory size specified with the request for output '{name}' ({size} bytes) should be at "
+            f"least {nbytes} bytes to hold the results")
+
+
 def error_code_name(code: int) -> str:
     """Name of a TRITONSERVER error code ("UNKNOWN" for a value outside the enum)."""
     return ERROR_CODE_NAMES[code] if 0 <= code < len(ERROR_CODE_NAMES) else "UNKNOWN"

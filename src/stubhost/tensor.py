@@ -19,7 +19,7 @@ import numpy as np
 from stubhost import _core
 from stubhost._core import DataType, MemoryType, Pool
 
-__all__ = ["SharedTensor", "numpy_to_triton_dtype", "triton_to_numpy_dtype"]
+__all__ = ["SharedTensor", "numpy_to_triton_dtype", "storage_dtype", "triton_to_numpy_dtype"]
 
 _NUMPY_OF: dict[DataType, Any] = {
     DataType.BOOL: np.dtype(np.bool_),
@@ -45,6 +45,13 @@ def triton_to_numpy_dtype(dtype: DataType) -> np.dtype:
         return _NUMPY_OF[dtype]
     except KeyError:
         raise TypeError(f"{dtype.name} has no numpy equivalent; use DLPack (e.g. torch) instead") from None
+
+
+def storage_dtype(dtype: DataType) -> np.dtype:
+    """numpy dtype of a tensor's raw elements: BF16, which numpy lacks, as uint16 words."""
+    if dtype == DataType.BF16:
+        return np.dtype(np.uint16)
+    return triton_to_numpy_dtype(dtype)
 
 
 def numpy_to_triton_dtype(dtype: Any) -> DataType:

@@ -128,7 +128,7 @@ class _Runtime:
         """(base, size) of the allocation `ptr` lies in."""
         if self._driver is None:
             raise CudaError("the CUDA driver library (libcuda.so.1) is not available")
-        self.synchronize(device_id)  # makes the device's context current for the driver call
+        self.use(device_id)  # the driver call needs the device's context current
         ffi, lib = self._driver
         base, size = ffi.new("unsigned long long*"), ffi.new("size_t*")
         status = lib.cuMemGetAddressRange_v2(base, size, ptr)
@@ -159,14 +159,12 @@ class _Runtime:
                                                        nbytes, _MEMCPY_DEFAULT))
         self._check("cudaDeviceSynchronize", self._lib.cudaDeviceSynchronize())
 
-    def synchronize(self, device_id: int) -> None:
-        """Waits for the device's work (and makes its context current)."""
+    def use(self, device_id: int) -> None:
+        """Makes the device (and its primary context) current for this thread."""
         if self._cupy is not None:
-            with self._cupy.cuda.Device(device_id):
-                self._cupy.cuda.runtime.deviceSynchronize()
+            self._cupy.cuda.runtime.setDevice(device_id)
             return
         self._device(device_id)
-        self._check("cudaDeviceSynchronize", self._lib.cudaDeviceSynchronize())
 
     def malloc(self, nbytes: int, device_id: int) -> int:
         """A new device allocation of `nbytes` (free it with :meth:`free`)."""

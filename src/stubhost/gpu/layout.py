@@ -9,7 +9,8 @@ A record never carries GPU bytes, only where they are (see docs/design/protocol.
   reader is done so that the owner frees it exactly once (see :mod:`stubhost.gpu.exported`).
 
 ``_core.read_record`` describes both as tagged tuples; :func:`describe` turns those into these
-classes and :func:`record_entry` turns these back into ``_core.write_record`` entries.
+classes. Only the region form is written today (by the parent, for inputs in CUDA regions); the
+exported form is read and refused until GPU tensors pass between stubs (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from stubhost.gpu.cuda import CUDA_IPC_HANDLE_SIZE
 
-__all__ = ["GpuBufferRef", "GpuRegionRef", "describe", "is_gpu_description", "record_entry"]
+__all__ = ["GpuBufferRef", "GpuRegionRef", "describe", "is_gpu_description"]
 
 _REGION_TAG = "cuda_region"
 _BUFFER_TAG = "cuda_ipc"
@@ -68,10 +69,3 @@ def describe(value: tuple[Any, ...]) -> GpuRegionRef | GpuBufferRef:
         _, raw, offset, byte_size, shape, device_id, buffer_id = value
         return GpuBufferRef(bytes(raw), int(offset), int(byte_size), tuple(shape), int(device_id), int(buffer_id))
     raise ValueError(f"not a GPU tensor description: {tag!r}")
-
-
-def record_entry(name: str, dtype: int, ref: GpuRegionRef | GpuBufferRef) -> tuple[Any, ...]:
-    """The write_record entry of a GPU tensor (header only: its bytes stay on the device)."""
-    if isinstance(ref, GpuRegionRef):
-        return (name, ref.shape, dtype, ref.region, ref.offset, ref.byte_size, ref.device_id)
-    return (name, ref.shape, dtype, ref.raw_handle, ref.offset, ref.byte_size, ref.device_id, ref.buffer_id)

@@ -27,7 +27,7 @@ from stubhost.server.types import (
     RequestedOutput,
     ShmRef,
 )
-from stubhost.tensor import triton_to_numpy_dtype
+from stubhost.tensor import storage_dtype
 
 __all__ = [
     "DEFAULT_MAX_TENSOR_BYTES",
@@ -68,10 +68,7 @@ def _wire_dtypes() -> dict[str, tuple[np.dtype, int]]:
     for key, member in _core.DataType.__members__.items():
         if key == "INVALID":
             continue
-        try:
-            dtype = triton_to_numpy_dtype(member)
-        except TypeError:  # BF16
-            dtype = np.dtype(np.uint16)
+        dtype = storage_dtype(member)
         table[_core.dtype_name(member)] = (dtype.newbyteorder("<"), _core.dtype_size(member))
     return table
 

@@ -24,6 +24,7 @@ from stubhost.host.server import Server
 from stubhost.host.regions import ClientRegion, RegionDestination, RegionOutput, RegionTensor
 from stubhost.server.shm_registry import CudaRegion, RegionLease, SharedMemoryRegistry, SystemRegion
 from stubhost.server.types import InferRequest, InferResult, InputTensor, OutputTensor, RequestedOutput
+from stubhost.protocol import output_too_large
 from stubhost.tensor import numpy_to_triton_dtype, triton_to_numpy_dtype
 
 # What the server metadata lists: only extensions that work end to end.
@@ -398,9 +399,7 @@ class InferenceService:
             data = np.ascontiguousarray(array)
             size = data.nbytes
         if size > lease.byte_size:
-            raise InferenceError("INVALID_ARG", f"shared memory size specified with the request for output "
-                                                f"'{spec.name}' ({lease.byte_size} bytes) should be at least {size} "
-                                                "bytes to hold the results")
+            raise InferenceError("INVALID_ARG", output_too_large(spec.name, lease.byte_size, size))
         if lease.buffer is not None:
             lease.buffer[:size] = memoryview(data).cast("B") if size else b""
             return

@@ -24,6 +24,7 @@ from stubhost.protocol import (
     RESPONSE_DEFERRED,
     RESPONSE_EMPTY,
     decode_destination,
+    output_too_large,
 )
 
 _RESPONSE = int(RecordKind.RESPONSE)
@@ -106,8 +107,7 @@ def _place(tensor: Tensor, where: tuple[int, int, int], targets: dict[int, memor
         array = np.ascontiguousarray(array)
         nbytes = array.nbytes
     if nbytes > size:
-        raise _TooSmall(f"shared memory size specified with the request for output '{tensor._name}' ({size} "
-                        f"bytes) should be at least {nbytes} bytes to hold the results")
+        raise _TooSmall(output_too_large(tensor._name, size, nbytes))
     window = target[offset:offset + nbytes]
     if tensor._dtype == _BYTES:
         _core.encode_bytes_into(window, items)
@@ -128,8 +128,7 @@ def _place_gpu(tensor: Tensor, region: int, offset: int, size: int, target: memo
         array = np.ascontiguousarray(array)
     nbytes = array.byte_size if gpu else array.nbytes
     if nbytes > size:
-        raise _TooSmall(f"shared memory size specified with the request for output '{tensor._name}' ({size} "
-                        f"bytes) should be at least {nbytes} bytes to hold the results")
+        raise _TooSmall(output_too_large(tensor._name, size, nbytes))
     if type(target) is memoryview:  # a GPU output into a system region: device to host
         window = np.frombuffer(target[offset:offset + nbytes], dtype=np.uint8)
         cuda.runtime().copy(window.ctypes.data, array.ptr, nbytes, array.device_id)

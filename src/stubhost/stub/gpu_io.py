@@ -34,11 +34,10 @@ from stubhost.backend_utils.tensor import Tensor
 from stubhost.gpu.device_memory import upload
 from stubhost.gpu.ipc_cache import shared_cache
 from stubhost.gpu.layout import GpuBufferRef, GpuRegionRef, describe
-from stubhost.tensor import triton_to_numpy_dtype
+from stubhost.tensor import storage_dtype
 
 __all__ = ["CudaTarget", "StubGpu", "force_cpu_only_inputs", "host_entry", "on_gpu"]
 
-_BF16 = int(_core.DataType.BF16)
 _BYTES = int(_core.DataType.BYTES)
 
 
@@ -52,17 +51,11 @@ def force_cpu_only_inputs(config: dict[str, Any]) -> bool:
     return value == "yes"
 
 
-def _numpy_dtype(dtype: int) -> np.dtype:
-    if dtype == _BF16:
-        return np.dtype(np.uint16)  # bfloat16 words, as DLPack import views them
-    return triton_to_numpy_dtype(_core.DataType(dtype))
-
-
 def to_host(ptr: int, nbytes: int, dtype: int, shape: tuple[int, ...], device_id: int) -> np.ndarray:
     """A host copy of `nbytes` of device memory at `ptr`, as an array."""
     host = np.empty(nbytes, dtype=np.uint8)
     cuda.runtime().copy(host.ctypes.data, ptr, nbytes, device_id)
-    return host.view(_numpy_dtype(dtype)).reshape(shape)
+    return host.view(storage_dtype(_core.DataType(dtype))).reshape(shape)
 
 
 def host_entry(tensor: Tensor) -> tuple[str, np.ndarray, int]:

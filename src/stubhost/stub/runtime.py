@@ -120,8 +120,7 @@ class StubRuntime:
         self.iterative = False  # sequence_batching { iterative_sequence: true }: requests may be rescheduled
         self.rescheduled: list[InferenceRequest] = []  # to run again in the next execute
         self.targets: dict[int, memoryview | CudaTarget] = {}  # regions, writable, for outputs placed there
-        self.gpu: StubGpu | None = None  # client CUDA regions; made by the first one mapped
-        self.force_cpu_inputs = True  # FORCE_CPU_ONLY_INPUT_TENSORS
+        self.gpu: StubGpu | None = None  # client CUDA regions and GPU inputs; made at initialize
         self.calls = MessageQueue.attach(self.pool, self.control.stub_to_parent_mq)
         self.answers = MessageQueue.attach(self.pool, self.control.parent_to_stub_mq)
         self.responder = StubResponder(self.pool, self.calls, self.parent_alive, self.targets)
@@ -285,7 +284,7 @@ class StubRuntime:
         self.decoupled = self.responder.decoupled = bool(payload.get("decoupled", False))
         config = json.loads(args["model_config"])
         self.iterative = bool((config.get("sequence_batching") or {}).get("iterative_sequence", False))
-        self.force_cpu_inputs = force_cpu_only_inputs(config)
+        self.gpu = StubGpu(force_cpu_only_inputs(config))  # loads no CUDA until a CUDA region is mapped
         model = module.TritonPythonModel()
         if not callable(getattr(model, "execute", None)):
             raise AttributeError("TritonPythonModel must define an 'execute' method")
@@ -309,7 +308,7 @@ class StubRuntime:
         payload = read_payload(self.pool, message.args)
         if payload.get("kind") == "cuda":
             if self.gpu is None:
-                self.gpu = StubGpu(self.force_cpu_inputs)
+                raise RuntimeError("a CUDA region was mapped before the model was initialized")
             self.targets[int(payload["id"])] = self.gpu.map_region(payload)
             message.reply(REPLY_OK, 0)
             return
