@@ -50,14 +50,14 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # type checkers see the lazy names below as what they are
     from stubhost.host.errors import InferenceError
-    from stubhost.host.instance import RestartPolicy
+    from stubhost.host.instance_spec import RestartPolicy
     from stubhost.host.server import Server
 
 # The parent-side API is imported on first use, so that a stub (which imports stubhost) never
 # loads the host layer.
 _LAZY = {
     "InferenceError": "stubhost.host.errors",
-    "RestartPolicy": "stubhost.host.instance",
+    "RestartPolicy": "stubhost.host.instance_spec",
     "Server": "stubhost.host.server",
 }
 

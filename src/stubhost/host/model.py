@@ -43,15 +43,8 @@ from stubhost.host.instance_groups import instance_placements
 from stubhost.host.errors import InferenceError
 from stubhost.host.versions import resolve_version
 from stubhost.host.inputs import RequestChecker
-from stubhost.host.instance import (
-    ExecuteResult,
-    InstanceSpec,
-    InstanceState,
-    ModelInstance,
-    RequestStream,
-    RestartPolicy,
-    load_error,
-)
+from stubhost.host.instance import ExecuteResult, InstanceState, ModelInstance, RequestStream
+from stubhost.host.instance_spec import InstanceSpec, RestartPolicy, load_error
 from stubhost.host.streams import StreamItem
 from stubhost.host.repository import ModelDir, model_file
 from stubhost.host.regions import RegionDestination

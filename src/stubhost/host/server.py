@@ -35,7 +35,7 @@ from stubhost.config.dtypes import config_dtype_to_triton
 from stubhost.host.bls import BlsService
 from stubhost.host.custom_metrics import CustomMetrics
 from stubhost.host.errors import InferenceError
-from stubhost.host.instance import RestartPolicy
+from stubhost.host.instance_spec import RestartPolicy
 from stubhost.host.model import LoadedModel, LoadOptions
 from stubhost.config import ModelConfig
 from stubhost.host.repository import (

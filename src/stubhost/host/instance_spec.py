@@ -1,0 +1,91 @@
+"""What starts one model instance: its description (InstanceSpec), its restart policy, and the
+Initialize call that turns a started stub into a loaded model."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from stubhost import _core
+from stubhost._core import Command, IPCMessage
+from stubhost.host.errors import InferenceError
+from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess, StubSettings
+from stubhost.protocol import write_payload
+
+__all__ = ["InstanceSpec", "RestartPolicy", "initialize_stub", "load_error"]
+
+
+@dataclass
+class RestartPolicy:
+    """Automatic restart of crashed or hung stubs, with backoff; a crash loop ends in FAILED."""
+
+    enabled: bool = True
+    max_restarts: int = 5          # within `window_s`; one more crash and the instance is FAILED
+    window_s: float = 60.0
+    backoff_s: float = 0.1         # doubled per recent crash, capped at `max_backoff_s`
+    max_backoff_s: float = 5.0
+
+
+@dataclass
+class InstanceSpec:
+    """Everything needed to start and initialize one instance."""
+
+    model_name: str
+    version: int
+    instance_name: str
+    kind: str                       # "CPU", "MODEL" or "GPU" (host/instance_groups.py)
+    device_id: int
+    model_file: str
+    model_dir: str
+    config: dict[str, Any]
+    python: str | None = None
+    env: dict[str, str] | None = None
+    init_timeout_s: float = 120.0
+    finalize_timeout_s: float = 30.0
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    on_call: Callable[[StubProcess, IPCMessage], None] | None = None  # serves the stub's BLS calls
+    stub: StubSettings = field(default_factory=StubSettings)
+
+    @property
+    def decoupled(self) -> bool:
+        """True when the model uses the decoupled transaction policy."""
+        return bool(self.config.get("model_transaction_policy", {}).get("decoupled", False))
+
+    def initialize_args(self) -> dict[str, str]:
+        """Exactly the keys Triton's Python backend passes to ``initialize(args)``."""
+        return {
+            "model_config": json.dumps(self.config),
+            "model_instance_kind": self.kind,
+            "model_instance_name": self.instance_name,
+            "model_instance_device_id": str(self.device_id),
+            "model_repository": self.model_dir,
+            "model_version": str(self.version),
+            "model_name": self.model_name,
+        }
+
+    def load_payload(self) -> dict[str, Any]:
+        """What the stub needs to import the model file."""
+        return {"model_file": self.model_file, "model_dir": self.model_dir}
+
+
+def load_error(spec: InstanceSpec, e: BaseException) -> InferenceError:
+    """A load failure worded with the instance and, for model errors, the model's traceback."""
+    return InferenceError("INTERNAL", f"Failed to initialize model instance '{spec.instance_name}' of model "
+                                      f"'{spec.model_name}': {e}")
+
+
+def initialize_stub(process: StubProcess, spec: InstanceSpec) -> bool:
+    """Sends Initialize and waits for it; raises InferenceError on any failure (stub killed).
+
+    Returns whether the model defines ``is_ready()``.
+    """
+    try:
+        payload = {**spec.load_payload(), "args": spec.initialize_args(), "decoupled": spec.decoupled}
+        process.control.decoupled = spec.decoupled
+        reply = process.call(Command.INITIALIZE_REQUEST, write_payload(process.pool, payload), spec.init_timeout_s)
+    except (StubCallError, StubGoneError, TimeoutError, _core.CoreError) as e:
+        process.close()
+        raise load_error(spec, e) from None
+    return isinstance(reply, dict) and bool(reply.get("is_ready"))
