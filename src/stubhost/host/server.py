@@ -15,12 +15,10 @@ A failed call raises ``stubhost.InferenceError`` with ``.code`` (e.g. "INVALID_A
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import math
 import os
-import signal
 import threading
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
@@ -49,11 +47,11 @@ from stubhost.host.repository import (
 from stubhost.host.regions import RegionDestination
 from stubhost.host.load_plan import ensemble_models, load_waves, override_config, with_dependencies
 from stubhost.host.result import InferResponse
+from stubhost.host.server_threads import poll_repositories, track, untrack, watch
 from stubhost.host.stub_process import StubSettings
 
 log = logging.getLogger("stubhost")
 
-HEALTH_PERIOD_S = 0.05
 SERVER_NAME = "stubhost"
 
 
@@ -99,9 +97,8 @@ class Server:
         self._lock = threading.RLock()
         self._control_lock = threading.Lock()  # one load, unload or poll at a time
         self._closed = threading.Event()
-        _live_servers.add(self)
-        _install_signal_handlers()
-        self._monitor = threading.Thread(target=_watch, args=(weakref.ref(self), self._closed),
+        track(self)
+        self._monitor = threading.Thread(target=watch, args=(weakref.ref(self), self._closed),
                                          name="stubhost-health", daemon=True)
         self._monitor.start()
         try:
@@ -116,7 +113,7 @@ class Server:
             if not poll_interval > 0:
                 self.close()
                 raise ValueError(f"poll_interval must be a positive number of seconds, got {poll_interval!r}")
-            self._poller = threading.Thread(target=_poll, args=(weakref.ref(self), self._closed, poll_interval),
+            self._poller = threading.Thread(target=poll_repositories, args=(weakref.ref(self), self._closed, poll_interval),
                                             name="stubhost-poll", daemon=True)
             self._poller.start()
 
@@ -546,7 +543,7 @@ class Server:
         if poller is not None and poller is not threading.current_thread():
             # A poll may be loading a model: it stops what it loaded once it sees the close.
             poller.join(timeout=self._options.init_timeout_s + 5.0)
-        _live_servers.discard(self)
+        untrack(self)
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", threading.Event()).is_set():
@@ -575,55 +572,3 @@ def _stop(model: LoadedModel) -> None:
     """Stops a model, then removes the folder its override files were written to, if any."""
     model.stop()
     remove_override_directory(model.model_dir)
-
-
-def _poll(server_ref: weakref.ref[Server], closed: threading.Event, interval: float) -> None:
-    """Poll mode's thread; like the health monitor it holds the server weakly."""
-    while not closed.wait(interval):
-        server = server_ref()
-        if server is None:
-            return
-        try:
-            server.poll()
-        except Exception:  # a bad poll (a folder vanishing mid-scan) must not end polling
-            log.exception("polling the model repository failed")
-        del server
-
-
-def _watch(server_ref: weakref.ref[Server], closed: threading.Event) -> None:
-    """The health monitor; it holds the server weakly, so an unreferenced server can be collected."""
-    while not closed.wait(HEALTH_PERIOD_S):
-        server = server_ref()
-        if server is None:
-            return
-        server._check_health()
-        del server
-
-
-# ---- process-wide clean-up -----------------------------------------------------------------------
-_live_servers: weakref.WeakSet[Server] = weakref.WeakSet()
-_handlers_installed = False
-
-
-def close_all() -> None:
-    """Closes every live Server (at exit and on SIGTERM)."""
-    for server in list(_live_servers):
-        server.close()
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    close_all()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def _install_signal_handlers() -> None:
-    """SIGTERM closes the servers, then terminates as before; SIGINT raises KeyboardInterrupt
-    as usual, which leaves ``with`` blocks and so closes them."""
-    global _handlers_installed
-    if _handlers_installed or threading.current_thread() is not threading.main_thread():
-        return
-    _handlers_installed = True
-    atexit.register(close_all)
-    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, _on_sigterm)
