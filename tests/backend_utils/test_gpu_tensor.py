@@ -77,9 +77,15 @@ def test_a_request_naming_an_unmapped_cuda_region_is_refused(pool):
         pool.free(record)
 
 
-def test_a_gpu_output_that_cannot_be_copied_fails_only_its_response(pool):
-    if cuda.unavailable_reason() is None:
-        pytest.skip("with a GPU the fake device address would really be copied from")
+class FailingCopies:
+    """A CUDA runtime whose copies fail, as a copy from a bad device address does."""
+
+    def copy(self, dst: int, src: int, nbytes: int, device_id: int) -> None:
+        raise cuda.CudaError("cudaMemcpy failed: an illegal memory access was encountered (700)")
+
+
+def test_a_gpu_output_that_cannot_be_copied_fails_only_its_response(pool, monkeypatch):
+    monkeypatch.setattr(cuda, "runtime", FailingCopies)
     request = codec.read_requests(pool, _write_request(pool), "m", 1)[0]
     from stubhost.backend_utils.response import InferenceResponse
 
@@ -89,6 +95,7 @@ def test_a_gpu_output_that_cannot_be_copied_fails_only_its_response(pool):
         _, status, _, _, strings, tensors = _core.read_record(pool, handle)
         assert status == 1 + 1 and tensors == []  # INTERNAL, no outputs
         assert strings[0].startswith("failed to send the response of request 'id'")
+        assert "illegal memory access" in strings[0]
     finally:
         pool.free(handle)
 
