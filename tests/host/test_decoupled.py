@@ -329,6 +329,34 @@ def test_concurrent_async_streams_do_not_mix(server: stubhost.Server) -> None:
     assert asyncio.run(main()) == [list(range(n)) for n in range(1, 9)]
 
 
+def test_back_to_back_streams_from_several_threads_each_get_their_own_responses(server: stubhost.Server) -> None:
+    """A request record freed at a stream's end is soon reused for the next request at the same
+    offset: its responses must reach the new stream, never the old one (which would drop them
+    and leave the new caller waiting)."""
+    failures: list[str] = []
+
+    def caller(index: int) -> None:
+        for i in range(150):
+            n = 1 + (index + i) % 4
+            try:
+                got = values(list(server.stream("modes", {"IN": np.array([n], np.int32)},
+                                                parameters={"mode": "threaded" if i % 2 else "repeat"}, timeout=20)))
+            except InferenceError as e:
+                failures.append(f"caller {index}, stream {i}: {e}")
+                return
+            if got != list(range(n)):
+                failures.append(f"caller {index}, stream {i}: {got} instead of {list(range(n))}")
+                return
+
+    threads = [threading.Thread(target=caller, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads)
+    assert failures == []
+
+
 def test_infer_on_a_decoupled_model_is_refused(server: stubhost.Server) -> None:
     with pytest.raises(InferenceError) as e:
         server.infer("modes", {"IN": np.array([1], np.int32)}, parameters={"mode": "repeat"})

@@ -18,7 +18,11 @@ from tests.host.repo_factory import config_pbtxt, io, write_model
 
 # Counts down: IN = n sends n responses (n-1 ... 0), one per execute, rescheduling in between.
 # BATCH = how many requests the execute that produced the response saw (continuous batching).
+# Each execute takes at least 2 ms, so that a long countdown is still running when a second
+# request comes to join it, however loaded the machine.
 COUNTDOWN_PY = """
+import time
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -28,6 +32,7 @@ class TritonPythonModel:
         self.left = {}
 
     def execute(self, requests):
+        time.sleep(0.002)
         for request in requests:
             key = id(request)
             if key not in self.left:
@@ -109,6 +114,7 @@ def test_new_requests_join_the_rescheduled_ones(server: stubhost.Server) -> None
         t.start()
     for t in threads:
         t.join(60)
+    assert not any(t.is_alive() for t in threads)
     assert [v for v, _ in results[200]] == list(range(199, -1, -1))
     assert [v for v, _ in results[201]] == list(range(200, -1, -1))
     assert max(b for _, b in results[200] + results[201]) == 2

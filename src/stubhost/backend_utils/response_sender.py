@@ -33,8 +33,9 @@ class ResponseTransport(Protocol):
     def is_cancelled(self, request: InferenceRequest) -> bool:
         """True once the request's caller has cancelled it."""
 
-    def released(self, handle: int) -> None:
-        """The request and its sender are gone (garbage) before the final flag was sent."""
+    def released(self, handle: int, token: int) -> None:
+        """The request and its sender are gone (garbage) before the final flag was sent;
+        `token` is the one its watch was given."""
 
 
 class _Unattached:
@@ -46,7 +47,7 @@ class _Unattached:
     def is_cancelled(self, request: InferenceRequest) -> bool:
         return False
 
-    def released(self, handle: int) -> None:
+    def released(self, handle: int, token: int) -> None:
         pass
 
 
@@ -71,7 +72,7 @@ class SenderState:
     request a model dropped without the final flag does not leave its caller waiting forever.
     """
 
-    __slots__ = ("lock", "closed", "sent", "claimed", "handle", "__weakref__")
+    __slots__ = ("lock", "closed", "sent", "claimed", "handle", "watched", "__weakref__")
 
     def __init__(self, handle: int) -> None:
         self.lock = threading.Lock()
@@ -79,6 +80,7 @@ class SenderState:
         self.sent = 0          # responses counted: sent through the sender, or claimed
         self.claimed = False   # its one response is the one execute returned (sent with the reply)
         self.handle = handle
+        self.watched = 0       # the token of the stub's watch (0: not watched)
 
     def count(self, response: InferenceResponse | None, flags: int, decoupled: bool) -> None:
         """Counts one response under Triton's rules (and wording); raises when it may not go."""

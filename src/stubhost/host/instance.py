@@ -374,7 +374,7 @@ class ModelInstance:
     def _leave(process: StubProcess, record: int, stream: ResponseStream) -> None:
         """The consumer of a stream is done (or gave up: then the model sees it cancelled)."""
         if stream.final:
-            process.forget_stream(record)
+            process.forget_stream(record, stream)
         else:
             process.abandon_stream(record, stream)
 
@@ -392,7 +392,7 @@ class ModelInstance:
             process.submit(Command.EXECUTE_REQUEST, record, None, functools.partial(self._stream_replied, process,
                                                                                      record, stream), True)
         except (TimeoutError, _core.CoreError) as e:
-            process.forget_stream(record)
+            process.forget_stream(record, stream)
             process.pool.free(record)
             raise InferenceError("UNAVAILABLE", f"cannot send the request to instance '{self.name}': {e}") from None
         return RequestStream(self, process, record, stream, time.monotonic_ns())

@@ -310,6 +310,7 @@ class Scheduler:
             return None
         records = [t.record for t in live]
         size = sum(t.size for t in live)
+        streams: list[tuple[int, ResponseStream]] | None = None
         try:
             for record, following in zip(records, records[1:]):
                 _core.set_record_next(pool, record, following)
@@ -317,9 +318,9 @@ class Scheduler:
             on_reply = None if waited else functools.partial(self._executed, instance, process, live, streams)
             message = process.submit(Command.EXECUTE_REQUEST, records[0], None, on_reply, True)
         except (TimeoutError, _core.CoreError) as e:
+            for record, stream in streams or ():
+                process.forget_stream(record, stream)
             for ticket in live:
-                if self.decoupled:
-                    process.forget_stream(ticket.record)
                 pool.free(ticket.record)
                 self._settle(ticket, InferenceError("UNAVAILABLE", f"cannot send the request to instance "
                                                                    f"'{instance.name}': {e}"))

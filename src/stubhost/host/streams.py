@@ -90,10 +90,13 @@ class ResponseStream:
     """
 
     __slots__ = ("_lock", "_items", "_waker", "pool", "record", "_executed", "final", "abandoned", "_event",
-                 "_aevent", "_loop")
+                 "_aevent", "_loop", "_on_release")
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, on_release: Callable[[ResponseStream], None] | None = None) -> None:
+        """`on_release` runs just before the request record is freed: whoever finds streams by
+        record must stop doing so then, since the pool may hand the same offset to a new request."""
         self._lock = threading.Lock()
+        self._on_release = on_release
         self._items: deque[StreamItem] = deque()
         self._waker: Callable[[], None] | None = None
         self.pool = pool
@@ -145,6 +148,8 @@ class ResponseStream:
 
     def _free(self, record: int) -> None:
         if record:
+            if self._on_release is not None:
+                self._on_release(self)
             try:
                 self.pool.free(record)
             except _core.CoreError:

@@ -361,7 +361,7 @@ class StubProcess:
         stream = self.stream_for(record)
         stream.put(item)
         if item.final and stream.abandoned:
-            self.forget_stream(record)
+            self.forget_stream(record, stream)
 
     def stream_for(self, record: int) -> ResponseStream:
         """The stream of responses to the request whose record is `record` (made on first use:
@@ -371,15 +371,19 @@ class StubProcess:
             with self._streams_lock:
                 stream = self.streams.get(record)
                 if stream is None:
-                    stream = self.streams[record] = ResponseStream(self.pool)
+                    stream = ResponseStream(self.pool, functools.partial(self.forget_stream, record))
+                    self.streams[record] = stream
                     if self.dead:
                         stream.fail(InferenceError("INTERNAL", f"Stub process '{self.instance_name}' is not healthy."))
         return stream
 
-    def forget_stream(self, record: int) -> None:
-        """Drops a stream its consumer is done with."""
+    def forget_stream(self, record: int, stream: ResponseStream) -> None:
+        """Drops `stream` from the streams found by record (its consumer is done with it, or its
+        record is being freed). Only that very stream: once the record is freed, the same
+        offset may already name a newer request's stream."""
         with self._streams_lock:
-            self.streams.pop(record, None)
+            if self.streams.get(record) is stream:
+                del self.streams[record]
 
     def abandon_stream(self, record: int, stream: ResponseStream) -> None:
         """The consumer left early: the model is told the request is cancelled, and what it
@@ -387,9 +391,9 @@ class StubProcess:
         if stream.abandon():
             self.cancel(record)
             if stream.final:  # it ended meanwhile
-                self.forget_stream(record)
+                self.forget_stream(record, stream)
         else:
-            self.forget_stream(record)
+            self.forget_stream(record, stream)
 
     def cancel(self, record: int) -> None:
         """Tells the stub that the caller of a request cancelled it (``is_cancelled()``)."""

@@ -11,6 +11,7 @@ garbage) is closed here with a flags-only final response, so its caller is not l
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import weakref
@@ -27,6 +28,7 @@ from stubhost.protocol import RESPONSE_FINAL
 from stubhost.stub import codec
 
 
+_NOT_OPEN = (0, 0)
 PUSH_RETRY_S = 1.0  # a full queue is retried while the parent lives (the parent drains it)
 
 
@@ -40,9 +42,13 @@ class StubResponder:
         self.parent_alive = parent_alive
         self.targets = targets  # client regions by id, for outputs placed there
         self.decoupled = False
-        self.open: dict[int, int] = {}  # record handle -> execute start (ns) of requests not closed yet
+        # record handle -> (execute start in ns, watch token) of the requests not closed yet
+        self.open: dict[int, tuple[int, int]] = {}
         self.cancelled: set[int] = set()
-        self._lock = threading.Lock()
+        self._tokens = itertools.count(1)
+        # Reentrant: a finalizer (``released``) may run in a garbage collection that an
+        # allocation under this very lock set off.
+        self._lock = threading.RLock()
 
     # ---- the transport pb_utils senders use --------------------------------------------------------
     def send(self, request: InferenceRequest, response: InferenceResponse | None, flags: int) -> None:
@@ -50,10 +56,10 @@ class StubResponder:
         handle = request._state.handle  # type: ignore[union-attr]
         final = flags & RESPONSE_FINAL
         with self._lock:
-            start = self.open.pop(handle, 0) if final else self.open.get(handle, 0)
+            start = (self.open.pop(handle, None) if final else self.open.get(handle)) or _NOT_OPEN
             if final:
                 self.cancelled.discard(handle)
-        times = (start or time.monotonic_ns(), time.monotonic_ns(), final)
+        times = (start[0] or time.monotonic_ns(), time.monotonic_ns(), final)
         if response is None:
             record = codec.write_flags(self.pool, times)
         else:
@@ -64,13 +70,16 @@ class StubResponder:
         """True once the parent said the request's caller cancelled it."""
         return request._state is not None and request._state.handle in self.cancelled
 
-    def released(self, handle: int) -> None:
-        """The request and its sender are garbage: close it if the model never did."""
+    def released(self, handle: int, token: int) -> None:
+        """The request and its sender are garbage: close it if the model never did. `token`
+        tells the request from a newer one the parent sent in the same record after this one
+        ended (a finalizer may run long after the request's final response)."""
         with self._lock:
-            start = self.open.pop(handle, None)
+            entry = self.open.get(handle)
+            if entry is None or entry[1] != token:
+                return
+            start = self.open.pop(handle)[0]
             self.cancelled.discard(handle)
-        if start is None:
-            return
         Logger.log_warn("a request was released without its final response; it is closed now")
         try:
             self.post(handle, codec.write_flags(self.pool, (start, time.monotonic_ns(), RESPONSE_FINAL)))
@@ -86,9 +95,13 @@ class StubResponder:
         with state.lock:
             if state.closed:
                 return
+            first = not state.watched  # a rescheduled request is watched again by each execute
+            if first:
+                state.watched = next(self._tokens)
             with self._lock:
-                self.open[state.handle] = start
-        weakref.finalize(state, self.released, state.handle)
+                self.open[state.handle] = (start, state.watched)
+        if first:
+            weakref.finalize(state, self.released, state.handle, state.watched)
 
     def cancel(self, handle: int) -> None:
         """The parent's CANCEL_REQUEST: the request's ``is_cancelled()`` turns true."""
