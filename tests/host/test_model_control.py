@@ -272,6 +272,69 @@ def test_reload_lets_a_request_in_flight_finish(repo: Path) -> None:
         assert server.model_ready("b")
 
 
+def test_reload_lets_queued_requests_finish_on_the_old_model(repo: Path) -> None:
+    """Requests waiting in the old model's queue when a reload swaps it out are not failed:
+    they run on the old model, which stops once they are done (as Triton keeps a model until
+    its last request ends)."""
+    write_model(repo, "q", SLEEPY_PY, sleepy_config("q", extra="dynamic_batching { }"))
+    with stubhost.Server(repo) as server:
+        old_pid = instance(server, "q").process.pid
+        results: dict[int, object] = {}
+
+        def call(index: int, sleep: float) -> None:
+            try:
+                results[index] = server.infer("q", {"INPUT0": np.full(2, index, np.float32)},
+                                              parameters={"sleep": sleep}, timeout=20.0)["OUTPUT0"]
+            except Exception as e:  # noqa: BLE001 - checked below
+                results[index] = e
+
+        threads = [threading.Thread(target=call, args=(0, 1.0))]
+        threads[0].start()
+        assert wait_until(lambda: instance(server, "q").load_count() > 0, 5.0)
+        threads += [threading.Thread(target=call, args=(i, 0.0)) for i in (1, 2, 3)]
+        for thread in threads[1:]:
+            thread.start()
+        time.sleep(0.2)  # they wait in the queue behind the slow one
+        server.load("q")
+        for thread in threads:
+            thread.join(20)
+        for index in range(4):
+            assert not isinstance(results[index], Exception), results[index]
+            np.testing.assert_array_equal(results[index], np.full(2, index, np.float32))  # type: ignore[arg-type]
+        assert instance(server, "q").process.pid != old_pid
+        assert wait_until(lambda: not pid_alive(old_pid), 10.0)
+        assert server.model_ready("q")
+
+
+def test_requests_during_reloads_never_fail(repo: Path) -> None:
+    """Callers that looked the model up just before a swap are served (by the old model or its
+    successor), never failed because the copy they found is stopping."""
+    with stubhost.Server(repo) as server:
+        stop = threading.Event()
+        errors: list[str] = []
+
+        def hammer() -> None:
+            while not stop.is_set():
+                try:
+                    constant(server, "a")
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errors.append(repr(e))
+
+        threads = [threading.Thread(target=hammer) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        try:
+            for value in range(2, 8):
+                constant_model(repo, "a", value)
+                server.load("a")
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(30)
+        assert errors == []
+        assert constant(server, "a") == 7
+
+
 def test_failed_reload_keeps_the_old_model_serving(repo: Path) -> None:
     with stubhost.Server(repo) as server:
         write_model(repo, "a", "this is not python")

@@ -48,6 +48,7 @@ from stubhost.host.instance_spec import InstanceSpec, RestartPolicy, load_error
 from stubhost.host.streams import StreamItem
 from stubhost.host.repository import ModelDir, model_file
 from stubhost.host.regions import RegionDestination
+from stubhost.host.retirement import Retirable
 from stubhost.host.result import InferResponse
 from stubhost.host.scheduler import Scheduler, Ticket
 from stubhost.host.sequence_controls import SequenceControls
@@ -185,11 +186,12 @@ class _StreamTally:
             self.model.stats.record_failure(self.version, self.begin, time.monotonic_ns(), CANCELED)
 
 
-class LoadedModel:
-    """A model with all its versions' instances running."""
+class LoadedModel(Retirable):
+    """A model with all its versions' instances running (a reload retires it: see Retirable)."""
 
     def __init__(self, name: str, model_dir: ModelDir, config: ModelConfig,
                  versions: dict[int, list[ModelInstance]]) -> None:
+        Retirable.__init__(self)
         self.name = name
         self.model_dir = model_dir
         self.config = config
@@ -381,7 +383,7 @@ class LoadedModel:
                                       execution=ticket.batch_size if ticket.first_in_batch else 0)
         return InferResponse(outputs, parameters, version)
 
-    def infer(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None, model_version: str | int,
+    def _infer(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None, model_version: str | int,
               parameters: str, request_id: str, timeout: float | None, correlation_id: int | str,
               flags: int, *, timeout_us: int | None = None, priority: int = 0) -> InferResponse:
         """Validates, routes to an instance (through the version's queue, if it has one), and
@@ -409,7 +411,7 @@ class LoadedModel:
             self._failed(version, begin, stage, e)
             raise
 
-    async def infer_async(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None, model_version: str | int,
+    async def _infer_async(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None, model_version: str | int,
                           parameters: str, request_id: str, timeout: float | None, correlation_id: int | str,
                           flags: int, *, timeout_us: int | None = None, priority: int = 0) -> InferResponse:
         """``infer`` for asyncio callers (no thread waits for the reply)."""
@@ -470,7 +472,7 @@ class LoadedModel:
         batch = int(tensors[0][1].shape[0]) if self.config.max_batch_size > 0 and tensors else 1
         self.stats.record_success(version, batch, begin, sent, first.exec_start, last.exec_end, now)
 
-    def stream(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
+    def _stream(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
                model_version: str | int, parameters: str, request_id: str, timeout: float | None,
                correlation_id: int | str, flags: int, *, timeout_us: int | None = None,
                priority: int = 0) -> Generator[InferResponse, None, None]:
@@ -506,7 +508,7 @@ class LoadedModel:
         finally:
             tally.close(stream)
 
-    async def stream_async(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
+    async def _stream_async(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
                            model_version: str | int, parameters: str, request_id: str, timeout: float | None,
                            correlation_id: int | str, flags: int, *, timeout_us: int | None = None,
                            priority: int = 0) -> AsyncGenerator[InferResponse, None]:
