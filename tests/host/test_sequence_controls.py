@@ -44,6 +44,33 @@ class TritonPythonModel:
         return responses
 """
 
+# Reschedules each request once and answers, in its second run, the START and END controls it
+# saw in both runs: [START 1st, START 2nd, END 1st, END 2nd].
+TWICE_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.first = {}
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            seen = [int(pb_utils.get_input_tensor_by_name(request, name).as_numpy()[0]) for name in ("START", "END")]
+            key = id(request)
+            if key not in self.first:
+                self.first[key] = seen
+                request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+                responses.append(None)
+                continue
+            first = self.first.pop(key)
+            runs = np.array([first[0], seen[0], first[1], seen[1]], np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("RUNS", runs)]))
+        return responses
+"""
+
 # control kind -> the text inside its `control [ { ... } ]` entry
 INT_START = "kind: CONTROL_SEQUENCE_START int32_false_true: [ 7, 9 ]"
 FP_END = "kind: CONTROL_SEQUENCE_END fp32_false_true: [ -1.0, 2.5 ]"
@@ -99,6 +126,11 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     repo: Path = tmp_path_factory.mktemp("controls") / "models"
     for name, config in MODELS.items():
         write_model(repo, name, ECHO_PY, config)
+    write_model(repo, "twice", TWICE_PY, config_pbtxt(
+        "twice", [io("X", "TYPE_FP32", [1])], [io("RUNS", "TYPE_INT32", [4])],
+        extra="sequence_batching {\n iterative_sequence: true\n control_input [\n"
+              f'  {{ name: "START" control [ {{ {INT_START} }} ] }},\n'
+              f'  {{ name: "END" control [ {{ {INT_END} }} ] }}\n ]\n}}\n'))
     with stubhost.Server(repo) as srv:
         yield srv
 
@@ -237,3 +269,22 @@ def test_the_model_sees_the_controls_through_async_calls_too(server):
     results = asyncio.run(run())
     assert column(results, "OUT_START") == [9, 7, 7]
     assert column(results, "OUT_CORRID") == [4] * 3
+
+
+def test_a_rescheduled_request_is_no_longer_the_start_nor_the_end(server):
+    """Triton's iterative sequencer clears a rescheduled request's flags, so its START and END
+    controls read false from its second run on."""
+    result = server.infer("twice", {"X": np.ones(1, np.float32)}, correlation_id=5, flags=START | END,
+                          timeout=TIMEOUT)
+    assert result["RUNS"].tolist() == [9, 7, 1, 0]
+    result = server.infer("twice", {"X": np.ones(1, np.float32)}, correlation_id=6, flags=START, timeout=TIMEOUT)
+    assert result["RUNS"].tolist() == [9, 7, 0, 0]
+
+
+def test_a_batch_of_more_than_one_is_refused_with_tritons_words(server):
+    with pytest.raises(InferenceError) as err:
+        server.infer("batched", {"X": np.ones((2, 1), np.float32)}, correlation_id=3, flags=START, timeout=TIMEOUT)
+    assert err.value.code == "INVALID_ARG"
+    assert str(err.value).endswith("inference request to model 'batched' must specify batch-size 1 due to "
+                                   "requirements of sequence batcher")
+    assert send(server, "batched", 3, START | END)["OUT_START"].tolist() == [[True]]

@@ -335,6 +335,9 @@ class LoadedModel(Retirable):
         tensors = self.checker.check_inputs(inputs, request_id)
         requested = self.checker.check_outputs(outputs, request_id)
         if self.sequences is not None:
+            if self.config.max_batch_size > 0 and tensors and int(tensors[0][1].shape[0]) > 1:
+                raise InferenceError("INVALID_ARG", f"inference request to model '{self.name}' must specify batch-size 1 "
+                                                    "due to requirements of sequence batcher")
             if self.controls is not None:  # before routing: a request refused here opens no sequence
                 tensors = self.controls.add(tensors, correlation_id, flags)
             return self.sequences.route(version, group, correlation_id, flags), tensors, requested

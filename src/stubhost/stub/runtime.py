@@ -40,6 +40,7 @@ from stubhost.stub.loader import load_model_module
 from stubhost.stub.gpu_io import CudaTarget, StubGpu, force_cpu_only_inputs
 from stubhost.stub.caller import StubCaller
 from stubhost.stub.responder import StubResponder
+from stubhost.stub.sequence_controls import clear_start_and_end, cleared_controls
 
 WATCHDOG_PERIOD_S = 0.1
 NOTIFY_TIMEOUT_S = 1.0
@@ -118,6 +119,7 @@ class StubRuntime:
         self.model_version = 0
         self.regions: dict[int, memoryview] = {}  # client regions by id, read-only views for inputs
         self.iterative = False  # sequence_batching { iterative_sequence: true }: requests may be rescheduled
+        self.cleared_controls: dict[str, Any] = {}  # START/END control inputs, false from a second run on
         self.rescheduled: list[InferenceRequest] = []  # to run again in the next execute
         self.targets: dict[int, memoryview | CudaTarget] = {}  # regions, writable, for outputs placed there
         self.gpu: StubGpu | None = None  # client CUDA regions and GPU inputs; made at initialize
@@ -284,6 +286,7 @@ class StubRuntime:
         self.decoupled = self.responder.decoupled = bool(payload.get("decoupled", False))
         config = json.loads(args["model_config"])
         self.iterative = bool((config.get("sequence_batching") or {}).get("iterative_sequence", False))
+        self.cleared_controls = cleared_controls(config) if self.iterative else {}
         self.gpu = StubGpu(force_cpu_only_inputs(config))  # loads no CUDA until a CUDA region is mapped
         model = module.TritonPythonModel()
         if not callable(getattr(model, "execute", None)):
@@ -421,6 +424,7 @@ class StubRuntime:
         it: no longer the start (nor the end) of its sequence, released with ALL by default."""
         request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         request._flags = 0
+        clear_start_and_end(request, self.cleared_controls)
         self.rescheduled.append(request)
 
     def reschedule_refused(self) -> str:
