@@ -50,7 +50,8 @@ from stubhost.host.repository import ModelDir, model_file
 from stubhost.host.regions import RegionDestination
 from stubhost.host.retirement import Retirable
 from stubhost.host.result import InferResponse
-from stubhost.host.scheduler import Scheduler, Ticket
+from stubhost.host.scheduler import Scheduler
+from stubhost.host.tickets import Ticket
 from stubhost.host.sequence_controls import SequenceControls
 from stubhost.host.sequences import SequenceRouter
 from stubhost.host.stats import BACKEND, CANCELED, OTHER, ModelStatistics
