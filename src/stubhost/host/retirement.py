@@ -9,7 +9,7 @@ copy of the same model is serving.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncGenerator, Generator
+from collections.abc import AsyncGenerator, Callable, Generator
 from typing import Any
 
 
@@ -22,30 +22,27 @@ class Retirable:
 
     def __init__(self) -> None:
         self._uses = 0
-        self._retired = False
-        self._successor: Any = None
+        self._successor: Any = None  # set: retired, requests go there
         self._idle = threading.Condition(threading.Lock())
 
     # ---- the count ---------------------------------------------------------------------------------
     def _enter(self) -> Any:
         """Counts one request in; returns the successor that takes it instead, once retired."""
         with self._idle:
-            if not self._retired:
+            if self._successor is None:
                 self._uses += 1
-                return None
             return self._successor
 
     def _leave(self) -> None:
         with self._idle:
             self._uses -= 1
-            if self._retired and not self._uses:
+            if self._successor is not None and not self._uses:
                 self._idle.notify_all()
 
     def retire(self, successor: Any) -> None:
         """From now on requests go to `successor` (the model that replaced this one)."""
         with self._idle:
             self._successor = successor
-            self._retired = True
 
     def wait_idle(self, timeout: float | None) -> bool:
         """Waits until no admitted request runs any more; False if `timeout` seconds passed."""
@@ -97,3 +94,45 @@ class Retirable:
             await responses.aclose()
             if successor is None:
                 self._leave()
+
+
+class RetiringModels:
+    """The models reloads replaced that still finish requests: each stops once idle (at once if
+    it is idle already), or when ``stop_all`` runs (the server closes)."""
+
+    def __init__(self, stop: Callable[[Any], None]) -> None:
+        self._stop = stop
+        self._lock = threading.Lock()
+        self._models: set[Any] = set()
+        self._closed = threading.Event()
+
+    def retire(self, old: Any, successor: Any) -> None:
+        """`successor` replaced `old`: `old` finishes what it admitted, then stops."""
+        if not isinstance(old, Retirable):  # an ensemble runs nothing of its own
+            self._stop(old)
+            return
+        old.retire(successor)
+        if old.wait_idle(0):
+            self._stop(old)
+            return
+        with self._lock:
+            self._models.add(old)
+        threading.Thread(target=self._stop_when_idle, args=(old,), name=f"stubhost-retire-{old.name}",
+                         daemon=True).start()
+
+    def _stop_when_idle(self, old: Retirable) -> None:
+        while not old.wait_idle(0.5) and not self._closed.is_set():
+            pass
+        with self._lock:
+            mine = old in self._models  # else stop_all took it
+            self._models.discard(old)
+        if mine:
+            self._stop(old)
+
+    def stop_all(self) -> None:
+        """Stops every retiring model now, whatever still runs on it."""
+        self._closed.set()
+        with self._lock:
+            models, self._models = list(self._models), set()
+        for model in models:
+            self._stop(model)

@@ -47,6 +47,7 @@ from stubhost.host.repository import (
 from stubhost.host.regions import RegionDestination
 from stubhost.host.load_plan import ensemble_models, load_waves, override_config, with_dependencies
 from stubhost.host.result import InferResponse
+from stubhost.host.retirement import RetiringModels
 from stubhost.host.server_threads import poll_repositories, track, untrack, watch
 from stubhost.host.stub_process import StubSettings
 
@@ -89,7 +90,7 @@ class Server:
         # it off unless --model-control-mode is explicit, as Triton does.
         self.allow_model_control = True
         self._models: dict[str, LoadedModel] = {}
-        self._retiring: set[LoadedModel] = set()  # replaced by a reload, still finishing requests
+        self._retiring = RetiringModels(_stop)  # replaced by a reload, still finishing requests
         self._expected: set[str] = set()
         self.load_errors: dict[str, str] = {}
         # What each model was loaded from, as poll mode last saw it (None: an override load)
@@ -235,32 +236,7 @@ class Server:
             _stop(model)
             raise InferenceError("UNAVAILABLE", "the server is closed")
         if old is not None:
-            self._retire(old, model)
-
-    def _retire(self, old: Any, successor: Any) -> None:
-        """Stops a model a reload replaced once the requests it admitted are done (Triton keeps
-        a model until its last request ends); requests that reach it later go to `successor`.
-        If requests still run, a thread of its own waits for them (close() stops it sooner)."""
-        if not isinstance(old, LoadedModel):
-            _stop(old)
-            return
-        old.retire(successor)
-        if old.wait_idle(0):
-            _stop(old)
-            return
-        with self._lock:
-            self._retiring.add(old)
-        threading.Thread(target=self._stop_when_idle, args=(old,), name=f"stubhost-retire-{old.name}",
-                         daemon=True).start()
-
-    def _stop_when_idle(self, old: LoadedModel) -> None:
-        while not old.wait_idle(0.5) and not self._closed.is_set():
-            pass
-        with self._lock:
-            mine = old in self._retiring  # else close() took it
-            self._retiring.discard(old)
-        if mine:
-            _stop(old)
+            self._retiring.retire(old, model)
 
     def unload(self, name: str, *, unload_dependents: bool = False) -> None:
         """Finalizes and stops a model. With ``unload_dependents``, an ensemble's composing
@@ -560,8 +536,7 @@ class Server:
         self._closed.set()
         with self._lock:
             models, self._models = list(self._models.values()), {}
-            models += list(self._retiring)
-            self._retiring.clear()
+        self._retiring.stop_all()
         for model in models:
             _stop(model)
         self._bls.close()
