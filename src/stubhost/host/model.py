@@ -336,7 +336,7 @@ class LoadedModel(Retirable):
         tensors = self.checker.check_inputs(inputs, request_id)
         requested = self.checker.check_outputs(outputs, request_id)
         if self.sequences is not None:
-            if self.config.max_batch_size > 0 and tensors and int(tensors[0][1].shape[0]) > 1:
+            if self._batch_size(tensors) > 1:
                 raise InferenceError("INVALID_ARG", f"inference request to model '{self.name}' must specify batch-size 1 "
                                                     "due to requirements of sequence batcher")
             if self.controls is not None:  # before routing: a request refused here opens no sequence
@@ -354,9 +354,13 @@ class LoadedModel(Retirable):
         """Validates a request for a version's queue."""
         tensors = self.checker.check_inputs(inputs, request_id)
         requested = self.checker.check_outputs(outputs, request_id)
-        size = int(tensors[0][1].shape[0]) if self.config.max_batch_size > 0 and tensors else 1
+        size = self._batch_size(tensors)
         return Ticket(tensors, requested, request_id, parameters, correlation_id, flags, timeout_us, size, priority,
                       begin)
+
+    def _batch_size(self, tensors: list[tuple[str, Any, int]]) -> int:
+        """A checked request's batch dimension (1 for a model that does not batch)."""
+        return int(tensors[0][1].shape[0]) if self.config.max_batch_size > 0 and tensors else 1
 
     def _parameters(self, text: str, request_id: str) -> dict[str, Any]:
         """A response's parameters, which must be a JSON object."""
@@ -378,7 +382,7 @@ class LoadedModel(Retirable):
         outputs = self.checker.check_result(result.outputs, request_id)
         parameters = self._parameters(result.parameters, request_id)
         if ticket is None:
-            batch = int(tensors[0][1].shape[0]) if self.config.max_batch_size > 0 and tensors else 1
+            batch = self._batch_size(tensors)
             self.stats.record_success(version, batch, begin, result.sent, result.exec_start, result.exec_end,
                                       time.monotonic_ns())
         else:
@@ -473,7 +477,7 @@ class LoadedModel(Retirable):
         if failed or first is None or last is None:
             self.stats.record_failure(version, begin, now, reason if failed else BACKEND)
             return
-        batch = int(tensors[0][1].shape[0]) if self.config.max_batch_size > 0 and tensors else 1
+        batch = self._batch_size(tensors)
         self.stats.record_success(version, batch, begin, sent, first.exec_start, last.exec_end, now)
 
     def _stream(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
