@@ -34,6 +34,7 @@ from stubhost.config import ModelConfig, config_to_dict
 from stubhost.host.errors import InferenceError
 from stubhost.host.versions import resolve_version
 from stubhost.host.inputs import RequestChecker
+from stubhost.host.labels import OutputClasses
 from stubhost.host.regions import RegionDestination
 from stubhost.host.repository import ModelDir
 from stubhost.host.result import InferResponse
@@ -88,10 +89,11 @@ class EnsembleModel:
     """A loaded ensemble: the same serving interface as a LoadedModel, with no instances."""
 
     def __init__(self, name: str, model_dir: ModelDir, config: ModelConfig, versions: Sequence[int],
-                 lookup: ModelLookup, decoupled: bool) -> None:
+                 lookup: ModelLookup, decoupled: bool, *, classes: OutputClasses) -> None:
         self.name = name
         self.model_dir = model_dir
         self.config = config
+        self.classes = classes
         self.config_dict = config_to_dict(config)
         self.versions: dict[int, list[Any]] = {v: [] for v in versions}
         self.latest = max(versions)
@@ -106,7 +108,8 @@ class EnsembleModel:
 
     # ---- loading ---------------------------------------------------------------------------------
     @classmethod
-    def load(cls, model_dir: ModelDir, cfg: ModelConfig, versions: Sequence[int], lookup: ModelLookup) -> EnsembleModel:
+    def load(cls, model_dir: ModelDir, cfg: ModelConfig, versions: Sequence[int], lookup: ModelLookup,
+             classes: OutputClasses) -> EnsembleModel:
         """Checks the wiring against the composing models as loaded now; raises InferenceError."""
         name = cfg.name
         config = config_to_dict(cfg)
@@ -139,7 +142,7 @@ class EnsembleModel:
                                                     "by any step")
         if decoupled:  # as Triton shows it: an ensemble with a decoupled step streams
             cfg.model_transaction_policy.decoupled = True
-        return cls(name, model_dir, cfg, versions, lookup, decoupled)
+        return cls(name, model_dir, cfg, versions, lookup, decoupled, classes=classes)
 
     # ---- the serving interface LoadedModel also has ------------------------------------------------
     def instances(self) -> list[Any]:

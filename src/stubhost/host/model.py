@@ -45,6 +45,7 @@ from stubhost.host.versions import resolve_version
 from stubhost.host.inputs import RequestChecker
 from stubhost.host.instance import ExecuteResult, InstanceState, ModelInstance, RequestStream
 from stubhost.host.instance_spec import InstanceSpec, RestartPolicy, load_error
+from stubhost.host.labels import OutputClasses, read_output_classes
 from stubhost.host.streams import StreamItem
 from stubhost.host.repository import ModelDir, model_file
 from stubhost.host.regions import RegionDestination
@@ -114,7 +115,8 @@ def _load_ensemble(model_dir: ModelDir, cfg: ModelConfig, source: str, options: 
                                   f"model '{model_dir.name}'")
     if options.lookup is None:
         raise InferenceError("INVALID_ARG", f"ensemble '{model_dir.name}' can only be loaded by a server")
-    return EnsembleModel.load(model_dir, cfg, versions, options.lookup)
+    classes = read_output_classes(model_dir.path, cfg, source)
+    return EnsembleModel.load(model_dir, cfg, versions, options.lookup, classes)
 
 
 def _auto_complete(process: StubProcess, cfg: ModelConfig, file: Path, model_dir: ModelDir, source: str,
@@ -191,11 +193,12 @@ class LoadedModel(Retirable):
     """A model with all its versions' instances running (a reload retires it: see Retirable)."""
 
     def __init__(self, name: str, model_dir: ModelDir, config: ModelConfig,
-                 versions: dict[int, list[ModelInstance]]) -> None:
+                 versions: dict[int, list[ModelInstance]], *, classes: OutputClasses) -> None:
         Retirable.__init__(self)
         self.name = name
         self.model_dir = model_dir
         self.config = config
+        self.classes = classes
         self.config_dict = config_to_dict(config)
         self.versions = versions
         self.latest = max(versions)
@@ -254,6 +257,7 @@ class LoadedModel(Retirable):
                 raise ConfigError(source, f"at least one version must be available under the version policy of "
                                           f"model '{name}'")
             specs = cls._instance_specs(name, model_dir, cfg, versions, options, python, env)
+            classes = read_output_classes(model_dir.path, cfg, source)
         except (ConfigError, ValueError) as e:
             first.close()
             raise InferenceError("INVALID_ARG", str(e)) from None
@@ -263,7 +267,7 @@ class LoadedModel(Retirable):
         except BaseException:
             first.close()
             raise
-        return cls._start(name, model_dir, cfg, specs, first)
+        return cls._start(name, model_dir, cfg, specs, first, classes)
 
     @staticmethod
     def _instance_specs(name: str, model_dir: ModelDir, cfg: ModelConfig, versions: Sequence[int],
@@ -284,7 +288,7 @@ class LoadedModel(Retirable):
 
     @classmethod
     def _start(cls, name: str, model_dir: ModelDir, cfg: ModelConfig, specs: list[InstanceSpec],
-               first: StubProcess) -> LoadedModel:
+               first: StubProcess, classes: OutputClasses) -> LoadedModel:
         """Starts every stub at once (their interpreters boot in parallel), then initializes them."""
         instances: list[ModelInstance] = []
         try:
@@ -311,7 +315,7 @@ class LoadedModel(Retirable):
             versions.setdefault(inst.spec.version, []).append(inst)
         log.info("successfully loaded '%s' version(s) %s with %d instance(s)", name,
                  ",".join(map(str, sorted(versions))), len(instances))
-        return cls(name, model_dir, cfg, versions)
+        return cls(name, model_dir, cfg, versions, classes=classes)
 
     # ---- serving ---------------------------------------------------------------------------------
     def instances(self) -> list[ModelInstance]:

@@ -34,6 +34,7 @@ from stubhost.host.bls import BlsService
 from stubhost.host.custom_metrics import CustomMetrics
 from stubhost.host.errors import InferenceError
 from stubhost.host.instance_spec import RestartPolicy
+from stubhost.host.labels import OutputClasses
 from stubhost.host.model import LoadedModel, LoadOptions
 from stubhost.config import ModelConfig
 from stubhost.host.repository import (
@@ -420,6 +421,10 @@ class Server:
         model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
         return await model.infer_async(inputs, outputs, model_version, params, request_id, timeout,
                                        correlation_id, flags, timeout_us=request_timeout_us, priority=priority)
+
+    def output_classes(self, name: str) -> OutputClasses:
+        """What classifying the model's outputs needs: its batching and its outputs' labels."""
+        return self._model(name).classes
 
     def is_decoupled(self, name: str) -> bool:
         """True when the model uses the decoupled transaction policy (its responses are streamed)."""

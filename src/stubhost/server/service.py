@@ -22,13 +22,14 @@ from stubhost.host.errors import InferenceError
 from stubhost.host.repository import FILE_PARAMETER_PREFIX
 from stubhost.host.server import Server
 from stubhost.host.regions import ClientRegion, RegionDestination, RegionOutput, RegionTensor
+from stubhost.server.classification import classify
 from stubhost.server.shm_registry import CudaRegion, RegionLease, SharedMemoryRegistry, SystemRegion
 from stubhost.server.types import InferRequest, InferResult, InputTensor, OutputTensor, RequestedOutput
 from stubhost.protocol import output_too_large
 from stubhost.tensor import numpy_to_triton_dtype, triton_to_numpy_dtype
 
 # What the server metadata lists: only extensions that work end to end.
-EXTENSIONS = ["binary_tensor_data", "model_repository", "model_repository(unload_dependents)", "statistics",
+EXTENSIONS = ["classification", "binary_tensor_data", "model_repository", "model_repository(unload_dependents)", "statistics",
               "system_shared_memory",
               "cuda_shared_memory", "parameters", "logging"]
 
@@ -294,10 +295,6 @@ class InferenceService:
             if count > self.max_tensors:
                 raise InferenceError("INVALID_ARG", f"request has {count} {kind}, more than the limit of "
                                                     f"{self.max_tensors}")
-        for spec in request.outputs:
-            if spec.classification:  # refused before the model runs, not after
-                raise InferenceError("UNSUPPORTED", f"output '{spec.name}': the classification extension is "
-                                                    "not supported")
 
     async def drained(self, timeout: float) -> bool:
         """Waits (at most `timeout` s) until no inference request is running; True if none is."""
@@ -378,8 +375,13 @@ class InferenceService:
                 outputs.append(OutputTensor(spec.name, _core.dtype_name(_core.DataType(array.dtype)),
                                             list(array.shape), None, spec.shm))
                 continue
-            out = OutputTensor(spec.name, _datatype(array), list(array.shape), array,
-                               binary_data=spec.binary_data)
+            datatype = _datatype(array)
+            if spec.classification:
+                classes = self.server.output_classes(request.model_name)
+                array = classify(spec.name, datatype, array, spec.classification, classes.batched,
+                                 classes.labels.get(spec.name, ()))
+                datatype = "BYTES"
+            out = OutputTensor(spec.name, datatype, list(array.shape), array, binary_data=spec.binary_data)
             if spec.shm is not None:
                 self._write_shm_output(spec, array, leases)
                 out.data, out.shm = None, spec.shm
