@@ -29,7 +29,25 @@ int64_t initial_spin_ns() noexcept {
 }
 
 std::atomic<int64_t> g_spin_budget_ns{initial_spin_ns()};
-std::atomic<int64_t> g_adaptive_spin_ns{g_spin_budget_ns.load()};
+std::atomic<uint64_t> g_budget_generation{0};  // bumped by set_spin_budget: every thread starts over
+
+/// The adaptive spin of the calling thread. Each thread learns from its own waits: a thread that
+/// waits for rare events (a watchdog, a poll with a long timeout, a call that takes milliseconds)
+/// must not teach a thread that waits for a fast peer to stop spinning.
+struct ThreadSpin {
+  int64_t ns = -1;  // -1: not started
+  uint64_t generation = 0;
+};
+thread_local ThreadSpin t_spin;
+
+int64_t& thread_spin() noexcept {
+  const uint64_t generation = g_budget_generation.load(std::memory_order_relaxed);
+  if (t_spin.ns < 0 || t_spin.generation != generation) {
+    t_spin.ns = g_spin_budget_ns.load(std::memory_order_relaxed);
+    t_spin.generation = generation;
+  }
+  return t_spin.ns;
+}
 }  // namespace
 
 std::chrono::nanoseconds spin_budget() noexcept {
@@ -39,24 +57,24 @@ std::chrono::nanoseconds spin_budget() noexcept {
 void set_spin_budget(std::chrono::nanoseconds budget) noexcept {
   const int64_t ns = budget.count() < 0 ? 0 : budget.count();
   g_spin_budget_ns.store(ns, std::memory_order_relaxed);
-  g_adaptive_spin_ns.store(ns, std::memory_order_relaxed);
+  g_budget_generation.fetch_add(1, std::memory_order_relaxed);
 }
 
 std::chrono::nanoseconds adaptive_spin() noexcept {
   const int64_t ceiling = g_spin_budget_ns.load(std::memory_order_relaxed);
   if (ceiling <= 0) return std::chrono::nanoseconds(0);
-  const int64_t current = g_adaptive_spin_ns.load(std::memory_order_relaxed);
+  const int64_t current = thread_spin();
   return std::chrono::nanoseconds(current < ceiling ? current : ceiling);
 }
 
 void record_spin(bool succeeded) noexcept {
   const int64_t ceiling = g_spin_budget_ns.load(std::memory_order_relaxed);
   const int64_t floor = ceiling < kMinAdaptiveSpinNs ? ceiling : kMinAdaptiveSpinNs;
-  int64_t next = g_adaptive_spin_ns.load(std::memory_order_relaxed);
-  next = succeeded ? next + next / 2 + 1 : next - next / 4;  // shrink gently: one slow answer is no trend
+  int64_t& spin = thread_spin();
+  int64_t next = succeeded ? spin + spin / 2 + 1 : spin - spin / 4;  // shrink gently: one slow answer is no trend
   if (next > ceiling) next = ceiling;
   if (next < floor) next = floor;
-  g_adaptive_spin_ns.store(next, std::memory_order_relaxed);
+  spin = next;
 }
 
 void record_slept_wait(std::chrono::nanoseconds waited) noexcept {
@@ -67,9 +85,8 @@ void record_slept_wait(std::chrono::nanoseconds waited) noexcept {
   if (!several_cpus || w <= 0 || w >= ceiling) return;
   int64_t want = w + w / 4;
   if (want > ceiling) want = ceiling;
-  if (want > g_adaptive_spin_ns.load(std::memory_order_relaxed)) {
-    g_adaptive_spin_ns.store(want, std::memory_order_relaxed);
-  }
+  int64_t& spin = thread_spin();
+  if (want > spin) spin = want;
 }
 
 void yield_cpu() noexcept { sched_yield(); }

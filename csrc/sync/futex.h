@@ -56,8 +56,9 @@ void set_spin_budget(std::chrono::nanoseconds budget) noexcept;
 /// spin that ended in sleep (the peer is slow, or shares our CPU and cannot run while we spin) and
 /// grows by half after a spin that succeeded. A wait that slept but was answered within the
 /// ceiling raises it to 1.25x that wait (a spin that long would have caught it), so a spin that
-/// shrank to the floor while the peer was briefly slow can find its way back. Relaxed and racy
-/// across threads on purpose: it is only a hint.
+/// shrank to the floor while the peer was briefly slow can find its way back. It is kept per
+/// thread (a thread that waits for rare events must not stop a thread waiting for a fast peer
+/// from spinning); set_spin_budget starts every thread over at the new ceiling.
 std::chrono::nanoseconds adaptive_spin() noexcept;
 void record_spin(bool succeeded) noexcept;
 void record_slept_wait(std::chrono::nanoseconds waited) noexcept;
