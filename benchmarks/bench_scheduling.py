@@ -22,7 +22,12 @@ Bar (the issue's): stubhost's throughput >= the peer's at every concurrency, and
 no worse. On a 2-core machine perf_analyzer, the server and its stubs share the cores: compare the
 ratios of one run, not absolute figures across runs.
 
-Usage: python3 benchmarks/bench_scheduling.py [--with-triton | --url H:P --grpc-url H:P]
+--with-ceiling adds a third server, fixed_answer_server.py: the same front-end stack (grpcio's
+asyncio server, uvicorn + httptools, uvloop) answering every call with a prepared response and
+running no model. Its figures are the most any server on that stack can reach here; the ratio
+peer / ceiling above 1 means the bar cannot be met without another front-end stack.
+
+Usage: python3 benchmarks/bench_scheduling.py [--with-triton | --url H:P --grpc-url H:P] [--with-ceiling]
        [--concurrency 1,4,16,64] [--window MS] [--protocol grpc|http] [--models a,b] [--quick]
 --quick: concurrency 1,16, a 1000 ms window, add_sub and add_sub_i2_db only.
 Exit status: 0; 1 with --check when the bar fails; 2 when perf_analyzer or a server failed.
@@ -76,6 +81,37 @@ def build_repository(root: Path) -> Path:
     return repo
 
 
+class FixedAnswerServer(bf.ServerUnderTest):
+    """fixed_answer_server.py on the same repository: the ceiling of stubhost's front-end stack."""
+
+    label = "ceiling"
+
+    def __init__(self, repo: Path) -> None:
+        super().__init__()
+        self.repo = repo
+        self.log: list[str] = []
+
+    def log_text(self) -> str:
+        if self.proc is not None and self.proc.stdout is not None and self.proc.poll() is not None:
+            self.log.append(self.proc.stdout.read())
+        return "".join(self.log)
+
+    def start(self) -> float:
+        http, grpc = bf.free_ports(2)
+        self.http_url, self.grpc_url = f"127.0.0.1:{http}", f"127.0.0.1:{grpc}"
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fixed_answer_server.py")),
+                                      str(self.repo), str(http), str(grpc)], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return self.wait_ready(list(VARIANTS), t0 + bf.START_TIMEOUT)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        self._terminate()
+        return self.proc.returncode
+
+
 def peer_perf_analyzer(peer: Path) -> tuple[str, str]:
     """(perf_analyzer path, its library dir) from the peer's env.sh (setup.sh must have run)."""
     env_sh = Path(os.environ.get("PEER_DIR", "/tmp/peer")) / "env.sh"
@@ -120,6 +156,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--url", help="another KServe v2 server's HTTP host:port (serving the same models)")
     ap.add_argument("--grpc-url", help="its gRPC host:port")
     ap.add_argument("--peer-label", default="other")
+    ap.add_argument("--with-ceiling", action="store_true",
+                    help="also measure fixed_answer_server.py: the same front-end stack running no model")
     ap.add_argument("--triton-peer", type=Path, default=bf.DEFAULT_PEER)
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--window", type=int, default=3000, help="perf_analyzer measurement interval, ms")
@@ -139,7 +177,7 @@ def parse_args() -> argparse.Namespace:
 def report(results: dict, servers: list, models: list[str], concs: list[int]) -> bool:
     """Prints the table and the ratios; True when the bar holds (or there is no peer)."""
     labels = [s.label for s in servers]
-    peer = labels[1] if len(labels) > 1 else None
+    peer = next((lab for lab in labels[1:] if lab != FixedAnswerServer.label), None)
     head = f"{'model':<15}{'c':>4}" + "".join(f"{lab + ' inf/s':>16}{lab + ' p99 us':>16}" for lab in labels)
     if peer:
         head += f"{'inf/s ratio':>13}{'p99 ratio':>11}"
@@ -163,6 +201,14 @@ def report(results: dict, servers: list, models: list[str], concs: list[int]) ->
     if peer:
         print(f"\nbar: stubhost inf/s >= {peer} at every point, p99 at c=16 <= {peer}'s: "
               f"{'PASS' if ok else 'FAIL'} (ratios are stubhost / {peer})")
+    ceiling = FixedAnswerServer.label
+    if ceiling in labels:
+        for other in [lab for lab in labels if lab != ceiling]:
+            shares = [results[(other, m, c)]["rps"] / results[(ceiling, m, c)]["rps"] for m in models for c in concs
+                      if (other, m, c) in results and (ceiling, m, c) in results]
+            if shares:
+                print(f"{other} inf/s / {ceiling} inf/s: {min(shares):.2f} .. {max(shares):.2f} "
+                      f"(above 1: faster than the stack stubhost's front end runs on can ever be)")
     return ok
 
 
@@ -198,6 +244,10 @@ def main() -> int:
                     print(f"tritonserver {triton.version} ready after {took:.2f} s")
                 else:
                     print(f"Triton columns skipped: {why}")
+            if args.with_ceiling:
+                ceiling = FixedAnswerServer(repo)
+                servers.append(ceiling)
+                print(f"fixed-answer server ready after {ceiling.start():.2f} s")
             for model in models:
                 for conc in concs:
                     order = servers if (concs.index(conc) + models.index(model)) % 2 == 0 else servers[::-1]
