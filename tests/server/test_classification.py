@@ -54,7 +54,7 @@ def cases(draw: st.DrawFn) -> tuple[str, np.ndarray, int, bool, list[str]]:
 @given(cases())
 def test_the_ranking_and_its_text_match_a_reference(case: tuple[str, np.ndarray, int, bool, list[str]]) -> None:
     datatype, array, count, batched, labels = case
-    out = classify("OUT", datatype, array, count, batched, labels)
+    out = classify(datatype, array, count, batched, labels)
     floating = array.dtype.kind == "f"
     rows = array.shape[0] if batched and array.ndim and array.shape[0] else 0
     per_row = math.prod(array.shape[1:] if rows else array.shape)
@@ -70,13 +70,13 @@ def test_the_ranking_and_its_text_match_a_reference(case: tuple[str, np.ndarray,
                                              ("BYTES", object)])
 def test_types_triton_cannot_rank_are_refused_in_its_words(datatype: str, dtype: type) -> None:
     with pytest.raises(InferenceError) as info:
-        classify("OUT", datatype, np.zeros(3, dtype), 1, False, [])
+        classify(datatype, np.zeros(3, dtype), 1, False, [])
     assert info.value.code == "INVALID_ARG"
     assert info.value.message == f"class result not available for output due to unsupported type '{datatype}'"
 
 
 def test_values_are_written_as_cpp_to_string_writes_them() -> None:
-    out = classify("OUT", "FP32", np.array([0.1, 1e7, -2.5], np.float32), 3, False, ["a", "b"])
+    out = classify("FP32", np.array([0.1, 1e7, -2.5], np.float32), 3, False, ["a", "b"])
     assert list(out) == [b"10000000.000000:1:b", b"0.100000:0:a", b"-2.500000:2"]
 
 

@@ -22,9 +22,8 @@ from stubhost.host.errors import InferenceError
 _RANKABLE = frozenset(("UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP32", "FP64"))
 
 
-def classify(name: str, datatype: str, array: np.ndarray, count: int, batched: bool,
-             labels: Sequence[str]) -> np.ndarray:
-    """The top `count` classes of output `name` (of KServe `datatype`), as an object array of bytes."""
+def classify(datatype: str, array: np.ndarray, count: int, batched: bool, labels: Sequence[str]) -> np.ndarray:
+    """The top `count` classes of an output (of KServe `datatype`), as an object array of bytes."""
     if datatype not in _RANKABLE:
         raise InferenceError("INVALID_ARG", f"class result not available for output due to unsupported type "
                                             f"'{datatype}'")

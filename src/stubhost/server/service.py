@@ -378,7 +378,7 @@ class InferenceService:
             datatype = _datatype(array)
             if spec.classification:
                 classes = self.server.output_classes(request.model_name)
-                array = classify(spec.name, datatype, array, spec.classification, classes.batched,
+                array = classify(datatype, array, spec.classification, classes.batched,
                                  classes.labels.get(spec.name, ()))
                 datatype = "BYTES"
             out = OutputTensor(spec.name, datatype, list(array.shape), array, binary_data=spec.binary_data)
