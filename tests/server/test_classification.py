@@ -16,7 +16,7 @@ from hypothesis.extra import numpy as hnp
 from stubhost.host.errors import InferenceError
 from stubhost.server.classification import classify
 from tests.host.repo_factory import config_pbtxt, write_model
-from tests.server.frontend_support import PROTOCOLS, Conn, error_of, expect_status
+from tests.server.frontend_support import Conn, error_of, expect_status
 from tests.server.serve_process import ServeProcess
 
 RANKABLE = {"UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64, "INT8": np.int8,
@@ -117,13 +117,6 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     with ServeProcess(repo, "--model-control-mode", "explicit", "--load-model", "scores",
                       "--load-model", "scores_batched") as srv:
         yield srv
-
-
-@pytest.fixture(params=PROTOCOLS)
-def conn(request: pytest.FixtureRequest, server: ServeProcess):
-    c = Conn.open(request.param, server)
-    yield c
-    c.close()
 
 
 def classes(conn: Conn, name: str, count: int, *, binary: bool = True):
