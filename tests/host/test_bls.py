@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +38,7 @@ class TritonPythonModel:
 
     def call(self, request):
         params = json.loads(request.parameters())
-        x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+        x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy().astype(params.get("dtype", "float32"))
         target = params.get("target", "add_sub")
         outputs = params.get("outputs", [])
         bls = pb_utils.InferenceRequest(
@@ -146,6 +147,41 @@ class TritonPythonModel:
         return responses
 '''
 
+# Default mode, but answers through its response sender, from a thread, after execute returned.
+SENDER_TARGET_PY = '''
+import threading
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            sender = request.get_response_sender()
+
+            def answer(sender=sender, x=x):
+                time.sleep(0.05)
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x * 10)]),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+            threading.Thread(target=answer).start()
+        return None
+'''
+
+CRASHING_PY = '''
+import os
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        os._exit(3)
+'''
+
+TARGET_CONFIG = dict(inputs=[io("INPUT0", "TYPE_FP32", [4]), io("INPUT1", "TYPE_FP32", [4])],
+                     outputs=[io("OUTPUT0", "TYPE_FP32", [4])])
+
 CALLER_CONFIG = dict(inputs=[io("X", "TYPE_FP32", [4])],
                      outputs=[io("SUM", "TYPE_FP32", [4]), io("ERROR", "TYPE_STRING", [1])])
 
@@ -161,8 +197,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stubhost.Server
     write_model(repo, "stream_caller", STREAM_CALLER_PY, config_pbtxt(
         "stream_caller", [io("X", "TYPE_FP32", [-1])],
         [io("VALUES", "TYPE_FP32", [-1]), io("LOG", "TYPE_STRING", [1])]))
-    write_model(repo, "failing", FAILING_PY, config_pbtxt(
-        "failing", [io("INPUT0", "TYPE_FP32", [4]), io("INPUT1", "TYPE_FP32", [4])], [io("OUTPUT0", "TYPE_FP32", [4])]))
+    write_model(repo, "failing", FAILING_PY, config_pbtxt("failing", **TARGET_CONFIG))
+    write_model(repo, "sender_target", SENDER_TARGET_PY, config_pbtxt("sender_target", **TARGET_CONFIG))
     with stubhost.Server(repo) as s:
         yield s
 
@@ -224,6 +260,36 @@ def test_failing_model_comes_back_as_a_response_error(server: stubhost.Server) -
     assert total[0] == 1
 
 
+def test_a_target_that_answers_through_its_sender_is_waited_for(server: stubhost.Server) -> None:
+    total, names = call(server, target="sender_target")
+    np.testing.assert_array_equal(total, np.arange(4, dtype=np.float32) * 10)
+    assert names == "OUTPUT0"
+
+
+def test_inputs_the_target_refuses_come_back_as_a_response_error(server: stubhost.Server) -> None:
+    def failures() -> int:
+        return server.statistics("add_sub")["model_stats"][0]["inference_stats"]["fail"]["count"]
+
+    before = failures()
+    _, error = call(server, dtype="int32")
+    assert "inference input 'INPUT0' data-type is 'INT32', but model 'add_sub' expects 'FP32'" in error
+    assert failures() == before + 1
+
+
+def test_a_target_stub_that_dies_fails_the_call_and_both_go_on(tmp_path: Path) -> None:
+    repo = copy_examples(tmp_path / "models", "add_sub")
+    write_model(repo, "caller", CALLER_PY, config_pbtxt("caller", **CALLER_CONFIG))
+    write_model(repo, "crashing", CRASHING_PY, config_pbtxt("crashing", **TARGET_CONFIG))
+    with stubhost.Server(repo) as server:
+        caller_pid = instance(server, "caller").process.pid
+        _, error = call(server, target="crashing")
+        assert error == "Stub process 'crashing_0' is not healthy."
+        total, _ = call(server)
+        assert total[0] == 1
+        assert instance(server, "caller").process.pid == caller_pid
+        assert wait_until(lambda: server.model_ready("crashing"), 30.0)  # restarted
+
+
 def test_bls_in_initialize_is_refused(tmp_path: Path) -> None:
     repo = copy_examples(tmp_path / "models", "add_sub")
     write_model(repo, "init_bls", INIT_BLS_PY, config_pbtxt("init_bls", [io("X", "TYPE_FP32", [4])], []))
@@ -240,6 +306,10 @@ def test_statistics_count_bls_calls_on_the_target(server: stubhost.Server) -> No
     assert after == before + 3
 
 
+def bls_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("stubhost-bls")}
+
+
 def test_many_bls_calls_leave_the_pools_as_they_were(tmp_path: Path) -> None:
     repo = copy_examples(tmp_path / "models", "add_sub")
     write_model(repo, "caller", CALLER_PY, config_pbtxt("caller", **CALLER_CONFIG))
@@ -249,6 +319,7 @@ def test_many_bls_calls_leave_the_pools_as_they_were(tmp_path: Path) -> None:
         assert wait_until(lambda: all(p.allocations == 5 for p in pools), 5.0), [p.allocations for p in pools]
         x = np.arange(4, dtype=np.float32)
         begin = time.monotonic()
+        idle_bls_threads = bls_threads()  # other servers' (this module's fixture runs one)
         for _ in range(10_000):
             result = server.infer("caller", {"X": x})
         assert result["SUM"][3] == 4
@@ -256,6 +327,9 @@ def test_many_bls_calls_leave_the_pools_as_they_were(tmp_path: Path) -> None:
         elapsed = time.monotonic() - begin
         assert wait_until(lambda: all(p.allocations == 5 for p in pools), 5.0), [p.allocations for p in pools]
         assert elapsed < 120
+        # A call to a plain model is started by the calls thread and answered by the target's
+        # completion thread: no BLS thread was ever needed.
+        assert bls_threads() == idle_bls_threads
 
 
 # ---- decoupled BLS -----------------------------------------------------------------------------------

@@ -6,13 +6,16 @@ on any loaded model (another instance of the caller included), and answered with
 record written into the caller's pool, so the caller's outputs are views too. A failed call is
 answered with an error response: the model sees it as ``response.error()``.
 
-Calls run on a thread pool of their own: the stub's calls thread only hands them over, so a
-slow target never holds up the responses the same stub streams meanwhile.
+A call to a plain model (no queue, no sequence, not decoupled, no timeout) is started by the
+stub's calls thread itself and answered by the target instance's completion thread, so no
+thread waits for it. Other calls run on a thread pool of their own: the calls thread only hands
+them over, so a slow target never holds up the responses the same stub streams meanwhile.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import threading
@@ -106,8 +109,8 @@ class BlsService:
         try:
             if command == Command.MODEL_CONTROL_REQUEST:
                 self._threads.submit(self.serve_control, process, message)
-                return
-            self._threads.submit(self.serve, process, message)
+            elif not self.start(process, message):
+                self._threads.submit(self.serve, process, message)
         except RuntimeError:
             self._answer(process, message, InferenceError("UNAVAILABLE", "the server is closing"))
 
@@ -237,19 +240,61 @@ class BlsService:
         outputs = [(name, array, _dtype(array)) for name, array in response.outputs.items()]
         return _core.write_record(pool, _RESPONSE, 0, (0, 0, flags), ("", json.dumps(response.parameters)), outputs)
 
+    def start(self, process: StubProcess, message: IPCMessage) -> bool:
+        """Starts a call with no thread waiting for it, when its target allows that (see
+        Server.submit_response): the target instance's completion thread answers the caller.
+        False, with the call untouched, when a BLS thread must serve it."""
+        pool, record = process.pool, message.args
+        try:
+            server, call = self._call(pool, record)
+            if call.pop("timeout") is not None:  # only a waiting thread can give up on time
+                return False
+            done = functools.partial(self._respond, process, message, call["name"])
+            if not server.submit_response(**call, done=done):
+                return False
+        except Exception as e:  # noqa: BLE001  (the caller must always get an answer)
+            pool.free(record)
+            self._fail(process, message, e)
+            return True
+        pool.free(record)  # the inputs are in the target's pool now
+        return True
+
     def serve(self, process: StubProcess, message: IPCMessage) -> None:
-        """Runs one call and answers it."""
+        """Runs one call and answers it (a BLS thread)."""
         pool = process.pool
         try:
-            reply = self._run(pool, message.args)
-        except InferenceError as e:
-            self._answer(process, message, e)
-            return
+            server, call = self._call(pool, message.args)
+            response = server.infer_response(**call)
         except Exception as e:  # noqa: BLE001  (the caller must always get an answer)
-            log.exception("BLS call from '%s' failed", process.instance_name)
-            self._answer(process, message, InferenceError("INTERNAL", f"BLS request failed: {e}"))
+            self._fail(process, message, e)
             return
-        self._reply(message, REPLY_OK, reply, pool)
+        finally:
+            pool.free(message.args)  # the inputs were copied into the target's pool (or never read)
+        self._respond(process, message, call["name"], response)
+
+    def _fail(self, process: StubProcess, message: IPCMessage, error: Exception) -> None:
+        """Answers a call that failed with `error` (one that is not an InferenceError is logged)."""
+        if not isinstance(error, InferenceError):
+            log.error("BLS call from '%s' failed", process.instance_name, exc_info=error)
+            error = InferenceError("INTERNAL", f"BLS request failed: {error}")
+        self._answer(process, message, error)
+
+    def _respond(self, process: StubProcess, message: IPCMessage, name: str,
+                 response: InferResponse | InferenceError) -> None:
+        """Answers a call with its response, written into the caller's pool."""
+        if isinstance(response, InferenceError):
+            self._answer(process, message, response)
+            return
+        try:
+            reply = self._response_record(process.pool, response)
+        except (_core.PoolFullError, _core.ShmError, _core.ShmSpaceError):
+            self._answer(process, message, InferenceError("UNAVAILABLE", f"no room for the response of model "
+                                                                          f"'{name}' in the caller's shared memory"))
+            return
+        except Exception as e:  # noqa: BLE001
+            self._fail(process, message, e)
+            return
+        self._reply(message, REPLY_OK, reply, process.pool)
 
     def _answer(self, process: StubProcess, message: IPCMessage, error: InferenceError) -> None:
         try:
@@ -293,19 +338,6 @@ class BlsService:
                         "outputs": list(strings[BLS_FIXED_STRINGS:]) or None, "model_version": version,
                         "parameters": params, "request_id": request_id, "correlation_id": corr_text or ints[1],
                         "flags": ints[0], "timeout": timeout_us / 1e6 if timeout_us else None}
-
-    def _run(self, pool: Pool, record: int) -> int:
-        """Reads the request record (then frees it), runs it, writes the response record."""
-        try:
-            server, call = self._call(pool, record)
-            response = server.infer_response(**call)
-        finally:
-            pool.free(record)  # the inputs were copied into the target's pool (or never read)
-        try:
-            return self._response_record(pool, response)
-        except (_core.PoolFullError, _core.ShmError, _core.ShmSpaceError):
-            raise InferenceError("UNAVAILABLE", f"no room for the response of model '{call['name']}' in the "
-                                                "caller's shared memory") from None
 
     def close(self) -> None:
         """Stops taking calls (those running finish)."""

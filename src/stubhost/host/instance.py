@@ -370,6 +370,41 @@ class ModelInstance:
             return outcome
         return await self.await_sender_async(process, record, outcome, sent, timeout, deadline)
 
+    def submit(self, tensors: list[tuple[str, Any, int]], outputs: Sequence[str | RegionDestination], request_id: str,
+               parameters: str, correlation_id: int | str, flags: int,
+               done: Callable[[ExecuteResult | InferenceError], None]) -> None:
+        """Sends one request to this READY instance with no thread waiting for it: `done` gets
+        its outcome from the stub process's completion thread, or from whoever fails the message
+        when the stub dies (a response the model sends through its sender is waited for on a
+        thread of its own). Raises InferenceError when it cannot be sent."""
+        process = self.process
+        sent = time.monotonic_ns()
+
+        def replied(message: IPCMessage, record: int) -> None:
+            if message.reply_status == REPLY_STUB_GONE:
+                # Whoever failed the message (the health monitor, holding this instance's lock)
+                # restarts the stub: ``outcomes`` would check health again, from under that lock.
+                process.finish(message)
+                done(InferenceError("INTERNAL", f"Stub process '{self.name}' is not healthy."))
+                return
+            outcome = self.outcomes(process, message, [record], sent)[0]
+            if isinstance(outcome, ResponseStream):
+                threading.Thread(target=self._deferred, args=(process, record, outcome, sent, done),
+                                 name=f"stubhost-sender-{self.name}", daemon=True).start()
+                return
+            done(outcome)
+
+        self._send(process, tensors, outputs, request_id, parameters, correlation_id, flags, None, replied, None, True)
+
+    def _deferred(self, process: StubProcess, record: int, stream: ResponseStream, sent: int,
+                  done: Callable[[ExecuteResult | InferenceError], None]) -> None:
+        """Waits for the response a submitted request's sender sends, and hands it to `done`."""
+        try:
+            outcome: ExecuteResult | InferenceError = self.await_sender(process, record, stream, sent, None, None)
+        except InferenceError as e:
+            outcome = e
+        done(outcome)
+
     @staticmethod
     def _leave(process: StubProcess, record: int, stream: ResponseStream) -> None:
         """The consumer of a stream is done (or gave up: then the model sees it cancelled)."""
@@ -431,12 +466,16 @@ class ModelInstance:
     def _send(self, process: StubProcess, tensors: list[tuple[str, Any, int]],
               outputs: Sequence[str | RegionDestination],
               request_id: str, parameters: str, correlation_id: int | str, flags: int, timeout: float | None,
-              on_reply: Callable[[], None] | None, timeout_us: int | None = None) -> tuple[IPCMessage, int]:
-        """Writes the request record and queues its Execute message."""
+              on_reply: Callable[..., None] | None, timeout_us: int | None = None,
+              with_record: bool = False) -> tuple[IPCMessage, int]:
+        """Writes the request record and queues its Execute message; `on_reply` is called as
+        StubProcess.submit says, or as ``on_reply(message, record)`` with `with_record`."""
         record = self.write_request(process, tensors, outputs, request_id, parameters, correlation_id, flags,
                                      timeout, timeout_us)
+        if with_record and on_reply is not None:
+            on_reply = functools.partial(on_reply, record=record)  # known before the stub can answer
         try:
-            return process.submit(Command.EXECUTE_REQUEST, record, timeout, on_reply), record
+            return process.submit(Command.EXECUTE_REQUEST, record, timeout, on_reply, with_record), record
         except (TimeoutError, _core.CoreError) as e:
             process.pool.free(record)
             raise InferenceError("UNAVAILABLE", f"cannot send the request to instance '{self.name}': {e}") from None

@@ -8,24 +8,18 @@ start and initialize every instance of every version the version policy selects.
 from __future__ import annotations
 
 import asyncio
-import atexit
+import functools
 import json
 import logging
-import os
-import shutil
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Generator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import stubhost
 from stubhost import _core
-from stubhost._core import Command, IPCMessage
+from stubhost._core import Command
 from stubhost.config import (
     ConfigError,
     ModelConfig,
@@ -37,14 +31,15 @@ from stubhost.config import (
     validate_config,
 )
 from stubhost.config.defaults import ENSEMBLE_PLATFORM
-from stubhost.host.ensemble import EnsembleModel, ModelLookup
+from stubhost.host.ensemble import EnsembleModel
 from stubhost.gpu.cuda import device_ids
 from stubhost.host.instance_groups import instance_placements
 from stubhost.host.errors import InferenceError
 from stubhost.host.versions import resolve_version
 from stubhost.host.inputs import RequestChecker
 from stubhost.host.instance import ExecuteResult, InstanceState, ModelInstance, RequestStream
-from stubhost.host.instance_spec import InstanceSpec, RestartPolicy, load_error
+from stubhost.host.instance_spec import InstanceSpec, load_error
+from stubhost.host.load_options import LoadOptions
 from stubhost.host.labels import OutputClasses, read_output_classes
 from stubhost.host.streams import StreamItem
 from stubhost.host.repository import ModelDir, model_file
@@ -56,53 +51,12 @@ from stubhost.host.tickets import Ticket
 from stubhost.host.sequence_controls import SequenceControls
 from stubhost.host.sequences import SequenceRouter
 from stubhost.host.stats import BACKEND, CANCELED, OTHER, ModelStatistics
-from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess, StubSettings
+from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
 from stubhost.protocol import write_payload
 
 log = logging.getLogger("stubhost")
 
 PYTHON_PARAMETER = "STUBHOST_PYTHON_EXECUTABLE"  # config parameter: the model's own interpreter
-@dataclass
-class LoadOptions:
-    """How models are loaded (shared by every model of a server)."""
-
-    python: str | None = None
-    env: dict[str, str] | None = None
-    auto_complete: bool = True
-    init_timeout_s: float = 120.0
-    finalize_timeout_s: float = 30.0
-    restart: RestartPolicy = field(default_factory=RestartPolicy)
-    on_call: Callable[[StubProcess, IPCMessage], None] | None = None  # serves stubs' BLS calls
-    lookup: ModelLookup | None = None  # the server's loaded models by name (ensembles run them)
-    stub: StubSettings = field(default_factory=StubSettings)
-
-    def stub_env(self, python: str | None) -> dict[str, str]:
-        """The server's environment for a stub run by `python` (None: this interpreter).
-
-        Output is unbuffered so that a model's prints reach the log as they happen. Another
-        interpreter gets stubhost (and nothing else of ours) on its path, through a folder that
-        holds only a link to this package, so its own packages are the ones it imports.
-        """
-        env = dict(self.env if self.env is not None else os.environ)
-        env["PYTHONUNBUFFERED"] = "1"
-        if python is not None and os.path.abspath(python) != os.path.abspath(sys.executable):
-            paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-            env["PYTHONPATH"] = os.pathsep.join([_package_link_dir(), *paths])
-        return env
-
-
-_package_link: str | None = None
-
-
-def _package_link_dir() -> str:
-    """A per-process folder holding only a link named ``stubhost`` to this package."""
-    global _package_link
-    if _package_link is None:
-        folder = tempfile.mkdtemp(prefix="stubhost-path-")
-        os.symlink(Path(stubhost.__file__).resolve().parent, os.path.join(folder, "stubhost"))
-        atexit.register(shutil.rmtree, folder, True)
-        _package_link = folder
-    return _package_link
 
 
 def _load_ensemble(model_dir: ModelDir, cfg: ModelConfig, source: str, options: LoadOptions) -> EnsembleModel:
@@ -449,6 +403,48 @@ class LoadedModel(Retirable):
         except (InferenceError, asyncio.CancelledError) as e:
             self._failed(version, begin, stage, e)
             raise
+
+    def _submit(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
+                model_version: str | int, parameters: str, request_id: str, correlation_id: int | str, flags: int, *,
+                done: Callable[[InferResponse | InferenceError], None]) -> bool:
+        """Starts one request with no thread waiting for it: `done` gets its response or error,
+        once, from the instance's completion thread. False, with nothing started, when the
+        request needs a waiting thread: a queue, a sequence, a decoupled model, no READY
+        instance. Raises InferenceError for a request refused before it started."""
+        if self.decoupled or self.sequences is not None:
+            return False
+        begin = time.monotonic_ns()
+        version: int | None = None
+        try:
+            version = self.resolve_version(model_version)
+            if version in self.schedulers:
+                return False
+            instance, tensors, requested = self._route(inputs, outputs, version, request_id, correlation_id, flags)
+            if instance.state is not InstanceState.READY:
+                return False
+        except InferenceError as e:
+            self._failed(version, begin, OTHER, e)
+            raise
+        answered = functools.partial(self._submitted, version, tensors, begin, request_id, done)
+        try:
+            instance.submit(tensors, requested, request_id, parameters, correlation_id, flags, answered)
+        except InferenceError as e:
+            self._failed(version, begin, BACKEND, e)
+            raise
+        return True
+
+    def _submitted(self, version: int, tensors: list[tuple[str, Any, int]], begin: int, request_id: str,
+                   done: Callable[[InferResponse | InferenceError], None],
+                   outcome: ExecuteResult | InferenceError) -> None:
+        """A submitted request was answered (completion thread)."""
+        try:
+            if isinstance(outcome, InferenceError):
+                raise outcome
+            response: InferResponse | InferenceError = self._response(version, tensors, outcome, begin, request_id)
+        except InferenceError as e:
+            self._failed(version, begin, BACKEND, e)
+            response = e
+        done(response)
 
     def _failed(self, version: int | None, begin: int, stage: Ticket | str, error: BaseException) -> None:
         """Counts a failed request, with its reason (``_failure_reason``). A request for an

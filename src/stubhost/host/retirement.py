@@ -16,8 +16,8 @@ from typing import Any
 class Retirable:
     """Counts the requests a model is running and hands late ones to its successor.
 
-    A class using it implements ``_infer``, ``_infer_async``, ``_stream`` and ``_stream_async``
-    (the same arguments as the public methods here) and calls ``Retirable.__init__``.
+    A class using it implements ``_infer``, ``_infer_async``, ``_stream``, ``_stream_async`` and
+    ``_submit`` (the same arguments as the public methods here) and calls ``Retirable.__init__``.
     """
 
     def __init__(self) -> None:
@@ -69,6 +69,24 @@ class Retirable:
             return await self._infer_async(*args, **kwargs)  # type: ignore[attr-defined]
         finally:
             self._leave()
+
+    def submit(self, *args: Any, done: Callable[[Any], None], **kwargs: Any) -> bool:
+        """Starts one request with no thread waiting for it; see ``_submit``. A retired model
+        starts nothing: its caller takes the waiting path, which its successor serves."""
+        if self._enter() is not None:
+            return False
+
+        def finished(outcome: Any) -> None:
+            self._leave()
+            done(outcome)
+
+        started = False
+        try:
+            started = self._submit(*args, done=finished, **kwargs)  # type: ignore[attr-defined]
+            return started
+        finally:
+            if not started:
+                self._leave()
 
     def stream(self, *args: Any, **kwargs: Any) -> Generator[Any, None, None]:
         """The responses of one request as they come; see ``_stream``."""

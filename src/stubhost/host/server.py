@@ -35,7 +35,8 @@ from stubhost.host.custom_metrics import CustomMetrics
 from stubhost.host.errors import InferenceError
 from stubhost.host.instance_spec import RestartPolicy
 from stubhost.host.labels import OutputClasses
-from stubhost.host.model import LoadedModel, LoadOptions
+from stubhost.host.load_options import LoadOptions
+from stubhost.host.model import LoadedModel
 from stubhost.config import ModelConfig
 from stubhost.host.repository import (
     ModelDir,
@@ -421,6 +422,17 @@ class Server:
         model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
         return await model.infer_async(inputs, outputs, model_version, params, request_id, timeout,
                                        correlation_id, flags, timeout_us=request_timeout_us, priority=priority)
+
+    def submit_response(self, name: str, inputs: Mapping[str, Any], *, done: Callable[[InferResponse | InferenceError], None],
+                        outputs: Sequence[str] | None = None, model_version: str | int = "",
+                        parameters: Mapping[str, Any] | None = None, request_id: str = "",
+                        correlation_id: int | str = 0, flags: int = 0) -> bool:
+        """Starts ``infer_response`` with no thread waiting: `done` gets the response or error from
+        the instance's completion thread. False, with nothing started, when the request needs a
+        waiting thread (an ensemble, a queue, a sequence...): call ``infer_response`` then."""
+        model, params, _ = self._prepare(name, inputs, outputs, parameters, None, correlation_id, flags)
+        return isinstance(model, LoadedModel) and model.submit(inputs, outputs, model_version, params, request_id,
+                                                                correlation_id, flags, done=done)
 
     def output_classes(self, name: str) -> OutputClasses:
         """What classifying the model's outputs needs: its batching and its outputs' labels."""

@@ -1,0 +1,62 @@
+"""How a server loads its models: the options every model of it shares, and the environment
+its stubs start in."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import stubhost
+from stubhost._core import IPCMessage
+from stubhost.host.ensemble import ModelLookup
+from stubhost.host.instance_spec import RestartPolicy
+from stubhost.host.stub_process import StubProcess, StubSettings
+
+
+@dataclass
+class LoadOptions:
+    """How models are loaded (shared by every model of a server)."""
+
+    python: str | None = None
+    env: dict[str, str] | None = None
+    auto_complete: bool = True
+    init_timeout_s: float = 120.0
+    finalize_timeout_s: float = 30.0
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    on_call: Callable[[StubProcess, IPCMessage], None] | None = None  # serves stubs' BLS calls
+    lookup: ModelLookup | None = None  # the server's loaded models by name (ensembles run them)
+    stub: StubSettings = field(default_factory=StubSettings)
+
+    def stub_env(self, python: str | None) -> dict[str, str]:
+        """The server's environment for a stub run by `python` (None: this interpreter).
+
+        Output is unbuffered so that a model's prints reach the log as they happen. Another
+        interpreter gets stubhost (and nothing else of ours) on its path, through a folder that
+        holds only a link to this package, so its own packages are the ones it imports.
+        """
+        env = dict(self.env if self.env is not None else os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        if python is not None and os.path.abspath(python) != os.path.abspath(sys.executable):
+            paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+            env["PYTHONPATH"] = os.pathsep.join([_package_link_dir(), *paths])
+        return env
+
+
+_package_link: str | None = None
+
+
+def _package_link_dir() -> str:
+    """A per-process folder holding only a link named ``stubhost`` to this package."""
+    global _package_link
+    if _package_link is None:
+        folder = tempfile.mkdtemp(prefix="stubhost-path-")
+        os.symlink(Path(stubhost.__file__).resolve().parent, os.path.join(folder, "stubhost"))
+        atexit.register(shutil.rmtree, folder, True)
+        _package_link = folder
+    return _package_link
