@@ -447,6 +447,68 @@ def test_garbage_bodies_raise_only_invalid_arg(garbage: bytes, cut: int) -> None
         assert e.code == "INVALID_ARG"
 
 
+# ---- requests: a repeated header ---------------------------------------------------------------
+
+def repeated_body(a: np.ndarray, b: np.ndarray) -> tuple[bytes, int | None]:
+    """A request whose header stays the same while ``a`` and ``b`` keep their byte sizes."""
+    shm = httpclient.InferInput("R", [2], "INT64")
+    shm.set_shared_memory("in_region", 16, offset=8)
+    out = httpclient.InferRequestedOutput("O", binary_data=True)
+    return tc_body([tc_input("A", a), tc_input("B", b), shm], [out], request_id="same", priority=1)
+
+
+def repeated_arrays(i: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.arange(6, dtype=np.float32).reshape(2, 3) + i, np.array([b"x%d" % i, b"yz"], dtype=object)
+
+
+def test_a_repeated_header_decodes_each_body_to_its_own_request() -> None:
+    requests = []
+    for i in range(4):  # from the third on, the header's template serves the decode
+        a, b = repeated_arrays(i)
+        body, header_length = repeated_body(a, b)
+        request = decode_infer_request("m", str(i), body, header_length)
+        same_array(request.inputs[0].data, a)
+        same_array(request.inputs[1].data, b)
+        assert not request.inputs[0].data.flags.writeable
+        assert [(t.name, t.datatype, t.shape, t.shm, t.parameters) for t in request.inputs] == [
+            ("A", "FP32", [2, 3], None, {}), ("B", "BYTES", [2], None, {}),
+            ("R", "INT64", [2], ShmRef("in_region", 16, 8), {})]
+        assert [(o.name, o.binary_data, o.shm, o.classification) for o in request.outputs] == [("O", True, None, 0)]
+        assert (request.model_version, request.id, request.parameters["priority"]) == (str(i), "same", 1)
+        requests.append(request)
+    third, fourth = requests[2:]
+    # Each request owns its mutable parts: changing one leaves the next decode alone.
+    assert third.parameters is not fourth.parameters and third.inputs[0].shape is not fourth.inputs[0].shape
+    fourth.parameters["priority"] = 9
+    fourth.inputs[0].shape.append(1)
+    fourth.outputs[0].parameters["k"] = 1
+    again = decode_infer_request("m", "1", *repeated_body(*repeated_arrays(5)))
+    assert again.parameters["priority"] == 1 and again.inputs[0].shape == [2, 3] and again.outputs[0].parameters == {}
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (lambda body: body[:-1], "^unexpected size for input 'B', expecting 1 additional bytes for model 'm'$"),
+    (lambda body: body + b"\x00", "^unexpected additional input data for model 'm'$"),
+    # the second string's length prefix says 3 where 2 bytes are left
+    (lambda body: body[:-6] + struct.pack("<I", 3) + body[-2:],
+     "^expected 2 string elements for inference input 'B' for model 'm', got 1$"),
+])
+def test_a_repeated_header_with_bad_binary_data_is_refused_as_the_first_time(change: Any, match: str) -> None:
+    for i in range(3):
+        decode_infer_request("m", "1", *repeated_body(*repeated_arrays(i)))
+    body, header_length = repeated_body(*repeated_arrays(3))
+    with invalid(match):
+        decode_infer_request("m", "1", change(body), header_length)
+
+
+def test_a_repeated_header_keeps_the_max_tensor_bytes_it_is_given() -> None:
+    doc = {"inputs": [fp32(shared_memory_region="r", shared_memory_byte_size=8)]}
+    for _ in range(3):
+        decode_json(doc, max_tensor_bytes=8)
+    with invalid("is too large: more than 7 bytes"):
+        decode_json(doc, max_tensor_bytes=7)
+
+
 # ---- responses ---------------------------------------------------------------------------------
 
 def result_of(*outputs: OutputTensor, **kw: Any) -> InferResult:

@@ -66,6 +66,7 @@ class RequestChecker:
         """(name, array, dtype) for each input, validated; raises InferenceError(INVALID_ARG)."""
         tensors: list[tuple[str, Any, int]] = []
         batch: int | None = None
+        batching = self.max_batch_size > 0
         for name, value in inputs.items():
             spec = self.inputs.get(name)
             if spec is None:
@@ -73,7 +74,8 @@ class RequestChecker:
             array = value if isinstance(value, (np.ndarray, RegionTensor)) else np.asarray(value)
             signature = (array.dtype, array.shape)
             if self._passed.get(name) == signature and spec.reshape is None:
-                batch = self._batch(name, array.shape, batch, request_id)
+                if batching:
+                    batch = self._batch(name, array.shape, batch, request_id)
                 tensors.append((name, array, spec.dtype))
                 continue
             if spec.dtype == _BYTES:
@@ -103,7 +105,9 @@ class RequestChecker:
         if batch is not None and batch > self.max_batch_size:
             raise self._error(request_id, f"inference request batch-size must be <= {self.max_batch_size} for "
                                           f"'{self.model_name}'")
-        missing = [n for n in self.required if n not in inputs]
+        # Every input was found among the configured ones, so as many inputs as configured means
+        # none is missing; only a shorter request needs the search.
+        missing = [n for n in self.required if n not in inputs] if len(inputs) < len(self.inputs) else []
         if missing:
             raise self._error(request_id, f"expected {len(self.inputs)} inputs but got {len(inputs)} inputs for "
                                           f"model '{self.model_name}'. Got input(s) {sorted(inputs)}, but missing "

@@ -34,12 +34,21 @@ FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)  # Triton's set, in the o
 
 _DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
               "cache_miss")
+# The durations every successful request adds to, in the order of `_VersionStats.successes`.
+_SUCCESS_DURATIONS = ("success", "queue", "compute_input", "compute_infer", "compute_output")
+_BATCH_DURATIONS = ("compute_input", "compute_infer", "compute_output")
 
 
 @dataclass
 class _VersionStats:
-    durations: dict[str, list[int]] = field(default_factory=lambda: {k: [0, 0] for k in _DURATIONS})
-    batches: dict[int, dict[str, list[int]]] = field(default_factory=dict)
+    # Successful requests: their count, then the ns of each of _SUCCESS_DURATIONS. One flat list
+    # rather than a [count, ns] pair per duration: folding a request is then six additions.
+    successes: list[int] = field(default_factory=lambda: [0] * (1 + len(_SUCCESS_DURATIONS)))
+    # The other durations (fail, and the cache's, which stay 0): [count, ns] each.
+    durations: dict[str, list[int]] = field(
+        default_factory=lambda: {k: [0, 0] for k in _DURATIONS if k not in _SUCCESS_DURATIONS})
+    # Executions by the batch size they ran: their count, then the ns of each of _BATCH_DURATIONS.
+    batches: dict[int, list[int]] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
     inference_count: int = 0
     execution_count: int = 0
@@ -101,33 +110,44 @@ class ModelStatistics:
                     stats.failures[reason if reason in stats.failures else OTHER] += 1
                     stats.last_done = max(stats.last_done, done)
                     continue
-                version, batch_size, begin, sent, exec_start, exec_end, done, execution = record
-                # The stub's instants are untrusted: clamped into the request's own interval.
-                exec_start = min(max(exec_start, sent), done)
-                exec_end = min(max(exec_end, exec_start), done)
-                c_input, c_infer, c_output = sent - begin, exec_end - exec_start, done - exec_end
-                stats = self._version(version)
-                d = stats.durations
-                for key, ns in (("success", done - begin), ("queue", exec_start - sent), ("compute_input", c_input),
-                                ("compute_infer", c_infer), ("compute_output", c_output)):
-                    entry = d[key]
-                    entry[0] += 1
-                    entry[1] += ns
-                stats.inference_count += batch_size
-                stats.last_done = max(stats.last_done, done)
-                if not execution:
-                    continue
-                # batch_stats count executions, keyed by the batch size they ran
-                batch = stats.batches.get(execution)
-                if batch is None:
-                    batch = stats.batches[execution] = {k: [0, 0] for k in
-                                                        ("compute_input", "compute_infer", "compute_output")}
-                for key, ns in (("compute_input", c_input), ("compute_infer", c_infer),
-                                ("compute_output", c_output)):
-                    entry = batch[key]
-                    entry[0] += 1
-                    entry[1] += ns
-                stats.execution_count += 1
+                self._fold_success(*record)
+
+    def _fold_success(self, version: int, batch_size: int, begin: int, sent: int, exec_start: int, exec_end: int,
+                      done: int, execution: int) -> None:
+        """Adds one successful request into the totals (the caller holds the lock)."""
+        # The stub's instants are untrusted: clamped into the request's own interval
+        # (min(max(...)) written out, as this runs once per request).
+        if exec_start < sent:
+            exec_start = sent
+        if exec_start > done:
+            exec_start = done
+        if exec_end < exec_start:
+            exec_end = exec_start
+        if exec_end > done:
+            exec_end = done
+        c_input, c_infer, c_output = sent - begin, exec_end - exec_start, done - exec_end
+        stats = self._version(version)
+        totals = stats.successes  # in the order of _SUCCESS_DURATIONS
+        totals[0] += 1
+        totals[1] += done - begin
+        totals[2] += exec_start - sent
+        totals[3] += c_input
+        totals[4] += c_infer
+        totals[5] += c_output
+        stats.inference_count += batch_size
+        if done > stats.last_done:
+            stats.last_done = done
+        if not execution:
+            return
+        # batch_stats count executions, keyed by the batch size they ran
+        batch = stats.batches.get(execution)
+        if batch is None:
+            batch = stats.batches[execution] = [0] * (1 + len(_BATCH_DURATIONS))
+        batch[0] += 1
+        batch[1] += c_input
+        batch[2] += c_infer
+        batch[3] += c_output
+        stats.execution_count += 1
 
     def failures(self, version: int) -> dict[str, int]:
         """The version's failures by reason (every reason of ``FAILURE_REASONS``, 0 if none)."""
@@ -152,10 +172,22 @@ class ModelStatistics:
                     "last_inference": now_ms - (now_mono - stats.last_done) // 1_000_000 if stats.last_done else 0,
                     "inference_count": stats.inference_count,
                     "execution_count": stats.execution_count,
-                    "inference_stats": {k: {"count": c, "ns": ns} for k, (c, ns) in stats.durations.items()},
+                    "inference_stats": _inference_stats(stats),
                     "response_stats": {},
-                    "batch_stats": [{"batch_size": size, **{k: {"count": c, "ns": ns} for k, (c, ns) in b.items()}}
+                    "batch_stats": [{"batch_size": size, **_figures(_BATCH_DURATIONS, b)}
                                     for size, b in sorted(stats.batches.items())],
                     "memory_usage": [],
                 })
         return out
+
+
+def _figures(keys: tuple[str, ...], totals: list[int]) -> dict[str, dict[str, int]]:
+    """``{key: {"count", "ns"}}`` from a count and the ns of each key (all share the count)."""
+    return {key: {"count": totals[0], "ns": ns} for key, ns in zip(keys, totals[1:])}
+
+
+def _inference_stats(stats: _VersionStats) -> dict[str, dict[str, int]]:
+    """A version's ``inference_stats``, in Triton's order of durations."""
+    figures = _figures(_SUCCESS_DURATIONS, stats.successes)
+    figures.update({k: {"count": c, "ns": ns} for k, (c, ns) in stats.durations.items()})
+    return {key: figures[key] for key in _DURATIONS}

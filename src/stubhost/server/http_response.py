@@ -16,7 +16,7 @@ import orjson
 
 from stubhost import _core
 from stubhost.host.errors import InferenceError
-from stubhost.server.http_codec import _DTYPES, _invalid
+from stubhost.server.http_tensors import WIRE_DTYPES, invalid
 from stubhost.server.types import InferResult, OutputTensor
 
 __all__ = ["encode_error", "encode_infer_response"]
@@ -47,12 +47,14 @@ def encode_infer_response(
     head["model_version"] = result.model_version
     if result.parameters:
         head["parameters"] = result.parameters
-    parts: list[bytes] = []
+    entries: list[dict[str, Any] | bytes] = []  # bytes: an entry with JSON data spliced in
+    spliced = False
     chunks: list[bytes | memoryview] = []
     for out in result.outputs:
-        entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": list(out.shape)}
+        shape = out.shape if type(out.shape) is list else list(out.shape)
+        entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": shape}
         if out.shm is not None:
-            parts.append(_dumps(entry))
+            entries.append(entry)
             continue
         array = _output_array(out)
         if out.binary_data if out.binary_data is not None else binary_default:
@@ -60,14 +62,25 @@ def encode_infer_response(
             entry["parameters"] = {"binary_data_size": len(chunk)}
             if len(chunk):
                 chunks.append(chunk)
-            parts.append(_dumps(entry))
+            entries.append(entry)
         else:
             # orjson cannot splice raw JSON, so the data array is appended to the object's bytes.
-            parts.append(_dumps(entry)[:-1] + b',"data":' + _json_data(array, out) + b"}")
-    header = _dumps(head)[:-1] + b',"outputs":[' + b",".join(parts) + b"]}"
+            entries.append(_dumps(entry)[:-1] + b',"data":' + _json_data(array, out) + b"}")
+            spliced = True
+    header = _header(head, entries, spliced)
     if not chunks:
         return [header], None
     return [header, *chunks], len(header)
+
+
+def _header(head: dict[str, Any], entries: list[dict[str, Any] | bytes], spliced: bool) -> bytes:
+    """The response's JSON header: ``head`` with its ``outputs``; one orjson call unless some
+    entry was ``spliced`` by hand (is bytes)."""
+    if not spliced:
+        head["outputs"] = entries
+        return _dumps(head)
+    parts = [e if type(e) is bytes else _dumps(e) for e in entries]  # type: ignore[arg-type]
+    return _dumps(head)[:-1] + b',"outputs":[' + b",".join(parts) + b"]}"
 
 
 def encode_error(message: str) -> bytes:
@@ -85,16 +98,19 @@ def _dumps(value: dict[str, Any]) -> bytes:
 def _output_array(out: OutputTensor) -> np.ndarray:
     """The output's data as a C-contiguous little-endian array of its datatype (BF16: uint16
     bits), checked against its shape with Triton's WriteDataToJsonCheck wording."""
-    if out.datatype not in _DTYPES:
-        raise _invalid("Invalid data type for output tensor")
+    wire = WIRE_DTYPES.get(out.datatype)
+    if wire is None:
+        raise invalid("Invalid data type for output tensor")
     if out.data is None:
         raise InferenceError("INTERNAL", f"output '{out.name}' has no data")
-    dtype, itemsize = _DTYPES[out.datatype]
+    dtype, itemsize = wire
     array = np.asarray(out.data)
     if array.size != math.prod(out.shape):
         raise InferenceError(
             "INTERNAL", f"output tensor shape does not match size of output for '{out.name}'"
         )
+    if array.dtype == dtype:  # the usual case: the wire's own type, nothing to check or convert
+        return np.ascontiguousarray(array)
     if itemsize == 0:
         ok = array.dtype.kind in "OSU"
     elif out.datatype == "BF16":  # uint16 bits or a 2-byte bfloat16 type such as ml_dtypes'
@@ -114,8 +130,11 @@ def _output_array(out: OutputTensor) -> np.ndarray:
 
 
 def _binary_chunk(array: np.ndarray, datatype: str) -> bytes | memoryview:
+    """The binary data of a C-contiguous output array (BYTES: Triton's length-prefixed layout)."""
     if datatype == "BYTES":
         return _core.encode_bytes(array.reshape(-1))
+    if array.ndim == 1:  # skips the reshape; memoryview cannot cast N-d views with a zero dim
+        return memoryview(array).cast("B")
     return array.reshape(-1).data.cast("B")
 
 
@@ -124,7 +143,7 @@ def _json_data(array: np.ndarray, out: OutputTensor) -> bytes:
     flat = array.reshape(-1)
     datatype = out.datatype
     if datatype == "BF16":
-        raise _invalid(
+        raise invalid(
             "sending BF16 data via JSON is not supported. Please use the binary data format for output"
         )
     if datatype == "BYTES":
@@ -132,16 +151,18 @@ def _json_data(array: np.ndarray, out: OutputTensor) -> bytes:
             items = [x.decode() if isinstance(x, bytes) else str(x) for x in flat.tolist()]
         except UnicodeDecodeError:
             # Triton would write the raw bytes and so send invalid JSON; refuse instead.
-            raise _invalid(
+            raise invalid(
                 f"output '{out.name}' holds BYTES that are not valid UTF-8 and cannot be sent "
                 "as JSON. Please use the binary data format for output"
             ) from None
         return orjson.dumps(items)
-    if flat.dtype.kind == "f":
-        if flat.dtype == np.float16:
-            flat = flat.astype(np.float32)  # exact; orjson has no float16
-        if not np.isfinite(flat).all():
-            # Triton writes NaN/Infinity/-Infinity (rapidjson kWriteNanAndInfFlag) where orjson
-            # would write null; the standard library writes the same literals.
-            return json.dumps(flat.tolist(), allow_nan=True, separators=(",", ":")).encode()
-    return orjson.dumps(flat, option=orjson.OPT_SERIALIZE_NUMPY)
+    if flat.dtype.kind != "f":
+        return orjson.dumps(flat, option=orjson.OPT_SERIALIZE_NUMPY)
+    if flat.dtype.itemsize == 2:  # float16 (BF16 was refused above)
+        flat = flat.astype(np.float32)  # exact; orjson has no float16
+    data = orjson.dumps(flat, option=orjson.OPT_SERIALIZE_NUMPY)
+    if b"null" in data:  # only NaN and infinities become null, and this costs less than isfinite
+        # Triton writes NaN/Infinity/-Infinity (rapidjson kWriteNanAndInfFlag) where orjson
+        # writes null; the standard library writes the same literals.
+        return json.dumps(flat.tolist(), allow_nan=True, separators=(",", ":")).encode()
+    return data

@@ -98,8 +98,26 @@ class StreamEvent(NamedTuple):
     final: bool
 
 
+def _native_datatypes() -> dict[np.dtype, str]:
+    """KServe datatype name of each native-order numpy dtype that has one."""
+    names: dict[np.dtype, str] = {}
+    for member in _core.DataType.__members__.values():
+        try:
+            dtype = triton_to_numpy_dtype(member)
+        except (TypeError, KeyError):
+            continue
+        if numpy_to_triton_dtype(dtype) == member:
+            names[dtype] = _core.dtype_name(member)
+    return names
+
+
+_NATIVE_DATATYPES = _native_datatypes()
+
+
 def _datatype(array: np.ndarray) -> str:
-    return _core.dtype_name(numpy_to_triton_dtype(array.dtype))
+    """An output's KServe datatype name; a table lookup for the native types models return."""
+    name = _NATIVE_DATATYPES.get(array.dtype)
+    return name if name is not None else _core.dtype_name(numpy_to_triton_dtype(array.dtype))
 
 
 def load_overrides(name: str, parameters: Mapping[str, Any]) -> tuple[str | None, dict[str, bytes] | None]:
@@ -291,10 +309,12 @@ class InferenceService:
 
     def _check_request(self, request: InferRequest) -> None:
         """Limits and refusals that hold before anything runs."""
+        limit = self.max_tensors
+        if len(request.inputs) <= limit and len(request.outputs) <= limit:
+            return
         for kind, count in (("inputs", len(request.inputs)), ("requested outputs", len(request.outputs))):
-            if count > self.max_tensors:
-                raise InferenceError("INVALID_ARG", f"request has {count} {kind}, more than the limit of "
-                                                    f"{self.max_tensors}")
+            if count > limit:
+                raise InferenceError("INVALID_ARG", f"request has {count} {kind}, more than the limit of {limit}")
 
     async def drained(self, timeout: float) -> bool:
         """Waits (at most `timeout` s) until no inference request is running; True if none is."""
@@ -381,7 +401,7 @@ class InferenceService:
                 array = classify(datatype, array, spec.classification, classes.batched,
                                  classes.labels.get(spec.name, ()))
                 datatype = "BYTES"
-            out = OutputTensor(spec.name, datatype, list(array.shape), array, binary_data=spec.binary_data)
+            out = OutputTensor(spec.name, datatype, list(array.shape), array, None, spec.binary_data)
             if spec.shm is not None:
                 self._write_shm_output(spec, array, leases)
                 out.data, out.shm = None, spec.shm

@@ -3,6 +3,9 @@
 A codec (``http_codec``, ``grpc_codec``) turns a wire request into an :class:`InferRequest`
 and an :class:`InferResult` back into wire bytes; neither knows about models or stubs.
 Datatypes are KServe v2 names ("FP32", "BYTES", ...).
+
+The classes have slots: a request builds several of them, and a slotted dataclass is built in
+about half the time.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 import numpy as np
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ShmRef:
     """Where a tensor lives in a registered shared-memory region (system or CUDA)."""
 
@@ -22,7 +25,7 @@ class ShmRef:
     offset: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class InputTensor:
     """One input of a request: decoded ``data``, or an ``shm`` reference (never both)."""
 
@@ -34,7 +37,7 @@ class InputTensor:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestedOutput:
     """An output the client asked for, with how it wants it back.
 
@@ -48,7 +51,7 @@ class RequestedOutput:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class InferRequest:
     """A decoded inference request; ``outputs`` empty means every output of the model."""
 
@@ -60,7 +63,7 @@ class InferRequest:
     outputs: list[RequestedOutput] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class OutputTensor:
     """One output of a result: ``data`` to send, or None when it was written to ``shm``.
     ``binary_data`` None: the client did not say how it wants it (the front end's default)."""
@@ -73,7 +76,7 @@ class OutputTensor:
     binary_data: bool | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class InferResult:
     """A finished inference, ready to be encoded for the wire."""
 
