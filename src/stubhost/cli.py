@@ -159,8 +159,11 @@ class _Uvicorn(uvicorn.Server):
 
 
 async def _start_asgi(app: Any, sock: socket.socket, args: argparse.Namespace) -> tuple[_Uvicorn, asyncio.Task[None]]:
+    # proxy_headers off: the app never reads the client's address or scheme, so uvicorn's
+    # X-Forwarded-* middleware would only cost every request a pass over its headers.
     config = uvicorn.Config(app, loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
-                            log_level="warning", timeout_graceful_shutdown=args.exit_timeout_secs)
+                            log_level="warning", timeout_graceful_shutdown=args.exit_timeout_secs,
+                            proxy_headers=False)
     server = _Uvicorn(config)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started:
