@@ -109,8 +109,8 @@ class BlsService:
         try:
             if command == Command.MODEL_CONTROL_REQUEST:
                 self._threads.submit(self.serve_control, process, message)
-            elif not self.start(process, message):
-                self._threads.submit(self.serve, process, message)
+            else:
+                self.start(process, message)
         except RuntimeError:
             self._answer(process, message, InferenceError("UNAVAILABLE", "the server is closing"))
 
@@ -240,36 +240,37 @@ class BlsService:
         outputs = [(name, array, _dtype(array)) for name, array in response.outputs.items()]
         return _core.write_record(pool, _RESPONSE, 0, (0, 0, flags), ("", json.dumps(response.parameters)), outputs)
 
-    def start(self, process: StubProcess, message: IPCMessage) -> bool:
-        """Starts a call with no thread waiting for it, when its target allows that (see
-        Server.submit_response): the target instance's completion thread answers the caller.
-        False, with the call untouched, when a BLS thread must serve it."""
+    def start(self, process: StubProcess, message: IPCMessage) -> None:
+        """Starts one call. One its target can take with no thread waiting (see
+        Server.submit_response) is answered by the target instance's completion thread; any
+        other is handed, as read, to a BLS thread."""
         pool, record = process.pool, message.args
         try:
             server, call = self._call(pool, record)
-            if call.pop("timeout") is not None:  # only a waiting thread can give up on time
-                return False
+            timeout = call.pop("timeout")  # only a waiting thread can give up on time
             done = functools.partial(self._respond, process, message, call["name"])
-            if not server.submit_response(**call, done=done):
-                return False
+            if timeout is None and server.submit_response(**call, done=done):
+                pool.free(record)  # the inputs are in the target's pool now
+                return
         except Exception as e:  # noqa: BLE001  (the caller must always get an answer)
             pool.free(record)
             self._fail(process, message, e)
-            return True
-        pool.free(record)  # the inputs are in the target's pool now
-        return True
-
-    def serve(self, process: StubProcess, message: IPCMessage) -> None:
-        """Runs one call and answers it (a BLS thread)."""
-        pool = process.pool
+            return
         try:
-            server, call = self._call(pool, message.args)
+            self._threads.submit(self.serve, process, message, server, {**call, "timeout": timeout})  # type: ignore[union-attr]
+        except RuntimeError:  # shut down: the server is closing
+            pool.free(record)
+            self._answer(process, message, InferenceError("UNAVAILABLE", "the server is closing"))
+
+    def serve(self, process: StubProcess, message: IPCMessage, server: Server, call: dict[str, Any]) -> None:
+        """Runs one call, as ``_call`` read it, and answers it (a BLS thread)."""
+        try:
             response = server.infer_response(**call)
         except Exception as e:  # noqa: BLE001  (the caller must always get an answer)
             self._fail(process, message, e)
             return
         finally:
-            pool.free(message.args)  # the inputs were copied into the target's pool (or never read)
+            process.pool.free(message.args)  # the inputs were copied into the target's pool (or never read)
         self._respond(process, message, call["name"], response)
 
     def _fail(self, process: StubProcess, message: IPCMessage, error: Exception) -> None:
