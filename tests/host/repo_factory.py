@@ -56,16 +56,24 @@ def write_model(repo: Path, name: str, model: str | Mapping[int, str] | None, co
     model_dir = Path(repo) / name
     model_dir.mkdir(parents=True, exist_ok=True)
     if config is not None:
-        (model_dir / "config.pbtxt").write_text(textwrap.dedent(config))
+        write_atomically(model_dir / "config.pbtxt", textwrap.dedent(config))
     sources: Mapping[int, str] = {} if model is None else ({1: model} if isinstance(model, str) else model)
     for version, source in sources.items():
         (model_dir / str(version)).mkdir(exist_ok=True)
-        (model_dir / str(version) / filename).write_text(textwrap.dedent(source))
+        write_atomically(model_dir / str(version) / filename, textwrap.dedent(source))
     for rel, text in (files or {}).items():
         path = model_dir / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
+        write_atomically(path, textwrap.dedent(text))
     return model_dir
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Writes ``path`` through a hidden temporary file and a rename, so that a server polling the
+    repository never reads it half-written (an empty config.pbtxt is a valid, input-less model)."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
 
 
 def copy_examples(repo: Path, *names: str) -> Path:
