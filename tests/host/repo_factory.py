@@ -123,6 +123,42 @@ def sleepy_config(name: str, *, extra: str = "") -> str:
                         [io("OUTPUT0", "TYPE_FP32", [-1]), io("PID", "TYPE_INT64", [1])], extra=extra)
 
 
+# Waits (up to "wait" seconds) for the request to be cancelled, touching "started" first and
+# "cancelled" when it sees the cancellation; a cancelled request ends with Triton's CANCELLED.
+WAITER_PY = """
+import json
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            params = json.loads(request.parameters())
+            if "started" in params:
+                open(params["started"], "w").close()
+            deadline = time.monotonic() + float(params.get("wait", 0))
+            while not request.is_cancelled() and time.monotonic() < deadline:
+                time.sleep(0.002)
+            if request.is_cancelled():
+                if "cancelled" in params:
+                    open(params["cancelled"], "w").close()
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "the request was cancelled", pb_utils.TritonError.CANCELLED)))
+                continue
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x + 1)]))
+        return responses
+"""
+
+def waiter_config(name: str, extra: str = "") -> str:
+    """Config of WAITER_PY: INPUT0 INT32 [1] -> OUTPUT0 INT32 [1]."""
+    return config_pbtxt(name, [io("INPUT0", "TYPE_INT32", [1])], [io("OUTPUT0", "TYPE_INT32", [1])], extra=extra)
+
+
 # ---- watching stubs -------------------------------------------------------------------------------
 def instance(server: Any, model: str, version: int = 1, index: int = 0) -> Any:
     """The ModelInstance object of a loaded model (internal: tests use it to find the stub's pid)."""

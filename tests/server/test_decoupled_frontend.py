@@ -25,7 +25,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.host.repo_factory import config_pbtxt, copy_examples, io, write_model
+from tests.host.repo_factory import WAITER_PY, config_pbtxt, copy_examples, io, waiter_config, write_model
 from tests.server.serve_process import ServeProcess
 
 TIMEOUT = 30.0  # generous: a queue wait that runs out is a failure, never a pacing device
@@ -124,6 +124,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     copy_examples(repo, "repeat", "add_sub", "string_upper")
     write_model(repo, "stutter", STUTTER_PY, STUTTER_CONFIG)
     write_model(repo, "ticker", TICKER_PY, TICKER_CONFIG)
+    write_model(repo, "waiter", WAITER_PY, waiter_config("waiter"))
     with ServeProcess(repo) as srv:
         yield srv
 
@@ -629,6 +630,30 @@ def test_grpc_stream_cancel_cancels_request(server: ServeProcess, tmp_path: Path
         assert [scalar(r, "OUT") for r in got[:-1]] == [1, 2, 3]
         client.stop_stream()
         assert again.rest() == []
+    finally:
+        client.close()
+
+
+def test_grpc_cancel_of_a_unary_infer_reaches_a_default_mode_model(server: ServeProcess, tmp_path: Path, quiet_log):
+    """A client that cancels its ModelInfer while the model's (default-mode, synchronous)
+    execute runs: the model sees ``request.is_cancelled()`` and can stop early."""
+    started, cancelled = tmp_path / "started", tmp_path / "cancelled"
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        x = grpcclient.InferInput("INPUT0", [1], "INT32")
+        x.set_data_from_numpy(np.array([1], dtype=np.int32))
+        outcome = Collector()
+        call = client.async_infer("waiter", [x], outcome, parameters={
+            "wait": 30, "started": str(started), "cancelled": str(cancelled)})
+        wait_for_file(started)
+        call.cancel()
+        [(result, error)] = outcome.take(1)
+        assert result is None and "Locally cancelled by application" in str(error)
+        wait_for_file(cancelled)
+        # the instance is free again, and the next request runs to its end
+        x.set_data_from_numpy(np.array([41], dtype=np.int32))
+        out = client.infer("waiter", [x], parameters={"wait": 0})
+        assert out.as_numpy("OUTPUT0").tolist() == [42]
     finally:
         client.close()
 

@@ -72,14 +72,15 @@ class SenderState:
     request a model dropped without the final flag does not leave its caller waiting forever.
     """
 
-    __slots__ = ("lock", "closed", "sent", "claimed", "handle", "watched", "__weakref__")
+    __slots__ = ("lock", "closed", "sent", "claimed", "handle", "serial", "watched", "__weakref__")
 
-    def __init__(self, handle: int) -> None:
+    def __init__(self, handle: int, serial: int = 0) -> None:
         self.lock = threading.Lock()
         self.closed = False
         self.sent = 0          # responses counted: sent through the sender, or claimed
         self.claimed = False   # its one response is the one execute returned (sent with the reply)
-        self.handle = handle
+        self.handle = handle   # the request record's handle: names the request to the parent
+        self.serial = serial   # the parent's number for it (a record is reused by later requests)
         self.watched = 0       # the token of the stub's watch (0: not watched)
 
     def count(self, response: InferenceResponse | None, flags: int, decoupled: bool) -> None:

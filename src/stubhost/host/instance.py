@@ -24,7 +24,7 @@ from stubhost._core import Command, IPCMessage, RecordKind
 from stubhost.host.errors import InferenceError
 from stubhost.host.instance_spec import InstanceSpec, initialize_stub, load_error
 from stubhost.host.regions import RegionDestination, RegionTensor, destination_text, region_entry
-from stubhost.host.streams import ResponseStream, StreamItem
+from stubhost.host.streams import ResponseStream, StreamItem, request_serial
 from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
 from stubhost.protocol import (
     REPLY_ERROR,
@@ -363,7 +363,14 @@ class ModelInstance:
         except asyncio.TimeoutError:
             raise self._timed_out(process, message, record, timeout) from None
         except asyncio.CancelledError:
-            process.abandon(message, record)  # the caller went away: the stub's answer is reaped later
+            # The caller went away: the model sees the request cancelled (it may stop early), and
+            # the stub's answer is reaped later.
+            if not process.dead:
+                try:
+                    process.cancel(record, request_serial(process.pool, record))
+                except _core.CoreError:
+                    pass
+            process.abandon(message, record)
             raise
         outcome = self._finish(process, message, record, sent)
         if not isinstance(outcome, ResponseStream):
@@ -420,9 +427,10 @@ class ModelInstance:
         """Sends one request whose responses come through its sender; returns the stream that
         gathers them. `process` skips the wait for READY (an async caller waited already)."""
         process = process or self._wait_ready(None)
+        serial = process.next_serial()
         record = self.write_request(process, tensors, outputs, request_id, parameters, correlation_id, flags,
-                                     None, timeout_us)
-        stream = process.stream_for(record)
+                                     None, timeout_us, serial)
+        stream = process.stream_for(record, serial)
         try:
             process.submit(Command.EXECUTE_REQUEST, record, None, functools.partial(self._stream_replied, process,
                                                                                      record, stream), True)
@@ -471,7 +479,7 @@ class ModelInstance:
         """Writes the request record and queues its Execute message; `on_reply` is called as
         StubProcess.submit says, or as ``on_reply(message, record)`` with `with_record`."""
         record = self.write_request(process, tensors, outputs, request_id, parameters, correlation_id, flags,
-                                     timeout, timeout_us)
+                                     timeout, timeout_us, process.next_serial())
         if with_record and on_reply is not None:
             on_reply = functools.partial(on_reply, record=record)  # known before the stub can answer
         try:
@@ -482,8 +490,10 @@ class ModelInstance:
 
     def write_request(self, process: StubProcess, tensors: list[tuple[str, Any, int]],
                        outputs: Sequence[str | RegionDestination], request_id: str, parameters: str,
-                       correlation_id: int | str, flags: int, timeout: float | None, timeout_us: int | None) -> int:
-        """Writes a request record into the stub's pool; returns its handle."""
+                       correlation_id: int | str, flags: int, timeout: float | None, timeout_us: int | None,
+                       serial: int) -> int:
+        """Writes a request record into the stub's pool; returns its handle. `serial` (from the
+        process's ``next_serial``) names this request in a cancellation."""
         pool = process.pool
         corr_int, corr_text = (correlation_id, "") if isinstance(correlation_id, int) else (0, correlation_id)
         if timeout_us is None:
@@ -495,7 +505,7 @@ class ModelInstance:
         if any(type(o) is RegionDestination for o in outputs):
             names = [destination_text(process, o) if type(o) is RegionDestination else o for o in outputs]
         try:
-            return _core.write_record(pool, _REQUEST, 0, (flags, corr_int, timeout_us),
+            return _core.write_record(pool, _REQUEST, serial, (flags, corr_int, timeout_us),
                                       (request_id, parameters, corr_text, *names), entries)
         except (_core.PoolFullError, _core.LockTimeoutError, _core.ShmError, _core.ShmSpaceError) as e:
             # The core's text names segments, which clients must never see (ARCHITECTURE §5): it

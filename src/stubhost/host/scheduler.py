@@ -125,7 +125,7 @@ class Scheduler:
             if state == QUEUED:
                 self._remove(ticket)
         if state == DISPATCHED and ticket.process is not None and ticket.record:
-            ticket.process.cancel(ticket.record)
+            ticket.process.cancel(ticket.record, ticket.serial)
         elif state == SETTLED:
             self._drop(ticket)
         return state
@@ -214,9 +214,10 @@ class Scheduler:
         live: list[Ticket] = []
         for ticket in batch:
             try:
+                ticket.serial = process.next_serial()
                 ticket.record = instance.write_request(process, ticket.tensors, ticket.requested, ticket.request_id,
                                                        ticket.parameters, ticket.correlation_id, ticket.flags, None,
-                                                       ticket.timeout_us)
+                                                       ticket.timeout_us, ticket.serial)
             except InferenceError as e:
                 self._settle(ticket, e)
                 continue
@@ -231,7 +232,8 @@ class Scheduler:
         try:
             for record, following in zip(records, records[1:]):
                 _core.set_record_next(pool, record, following)
-            streams = [(record, process.stream_for(record)) for record in records] if self.decoupled else None
+            streams = ([(t.record, process.stream_for(t.record, t.serial)) for t in live] if self.decoupled
+                       else None)
             on_reply = None if waited else functools.partial(self._executed, instance, process, live, streams)
             message = process.submit(Command.EXECUTE_REQUEST, records[0], None, on_reply, True)
         except (TimeoutError, _core.CoreError) as e:

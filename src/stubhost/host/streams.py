@@ -47,6 +47,11 @@ def read_response(pool: Pool, handle: int) -> ResponseRecord:
     return ResponseRecord(code, times, strings, outputs)
 
 
+def request_serial(pool: Pool, record: int) -> int:
+    """The serial the parent wrote into a request record (its status field)."""
+    return _core.read_record(pool, record)[1]
+
+
 def is_deferred(pool: Pool, handle: int) -> bool:
     """True when an Execute reply record is a DEFERRED placeholder."""
     _, _, times, _, _, _ = _core.read_record(pool, handle)
@@ -89,17 +94,20 @@ class ResponseStream:
     by the consumer. ``abandon`` is for a consumer that leaves early (the caller cancelled).
     """
 
-    __slots__ = ("_lock", "_items", "_waker", "pool", "record", "_executed", "final", "abandoned", "_event",
-                 "_aevent", "_loop", "_on_release")
+    __slots__ = ("_lock", "_items", "_waker", "pool", "serial", "record", "_executed", "final", "abandoned",
+                 "_event", "_aevent", "_loop", "_on_release")
 
-    def __init__(self, pool: Pool, on_release: Callable[[ResponseStream], None] | None = None) -> None:
+    def __init__(self, pool: Pool, on_release: Callable[[ResponseStream], None] | None = None,
+                 serial: int = 0) -> None:
         """`on_release` runs just before the request record is freed: whoever finds streams by
-        record must stop doing so then, since the pool may hand the same offset to a new request."""
+        record must stop doing so then, since the pool may hand the same offset to a new request.
+        `serial` is the request's (what a cancellation names it by)."""
         self._lock = threading.Lock()
         self._on_release = on_release
         self._items: deque[StreamItem] = deque()
         self._waker: Callable[[], None] | None = None
         self.pool = pool
+        self.serial = serial
         self.record = 0           # the request record: freed once executed and final
         self._executed = False
         self.final = False        # the final item arrived

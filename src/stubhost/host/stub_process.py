@@ -9,6 +9,7 @@ model's file and line, and any other output is logged with the instance's name.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from dataclasses import dataclass
 import logging
@@ -24,7 +25,7 @@ from stubhost import _core
 from stubhost._core import Command, IPCControl, IPCMessage, MessageQueue, Pool
 from stubhost.host.errors import InferenceError
 from stubhost.host.regions import ClientRegion
-from stubhost.host.streams import ResponseStream, is_deferred, stream_item
+from stubhost.host.streams import ResponseStream, is_deferred, request_serial, stream_item
 from stubhost.logs import decode_model_line
 from stubhost.protocol import REPLY_ERROR, REPLY_OK, REPLY_STUB_GONE, read_payload, write_payload
 
@@ -89,6 +90,9 @@ class StubProcess:
         self._regions_lock = threading.Lock()
         self.streams: dict[int, ResponseStream] = {}  # request record -> responses its sender sends
         self._streams_lock = threading.Lock()
+        # Numbers the requests written into this pool (in a record's status), so that a
+        # cancellation names one request, not whichever request uses its record now.
+        self._serials = itertools.count(1)
         try:
             self.control = IPCControl.create(self.pool)
             self.inbox = MessageQueue.create(self.pool, settings.queue_capacity)
@@ -363,15 +367,22 @@ class StubProcess:
         if item.final and stream.abandoned:
             self.forget_stream(record, stream)
 
-    def stream_for(self, record: int) -> ResponseStream:
+    def next_serial(self) -> int:
+        """The serial of the next request written into this pool (32 bits, as a record's status)."""
+        return next(self._serials) & 0xFFFFFFFF
+
+    def stream_for(self, record: int, serial: int | None = None) -> ResponseStream:
         """The stream of responses to the request whose record is `record` (made on first use:
-        a response may come before the Execute reply that says to expect it)."""
+        a response may come before the Execute reply that says to expect it). `serial` is the
+        request's; None reads it from the record, which must still be the request's."""
         stream = self.streams.get(record)
         if stream is None:
             with self._streams_lock:
                 stream = self.streams.get(record)
                 if stream is None:
-                    stream = ResponseStream(self.pool, functools.partial(self.forget_stream, record))
+                    if serial is None:
+                        serial = request_serial(self.pool, record)
+                    stream = ResponseStream(self.pool, functools.partial(self.forget_stream, record), serial)
                     self.streams[record] = stream
                     if self.dead:
                         stream.fail(InferenceError("INTERNAL", f"Stub process '{self.instance_name}' is not healthy."))
@@ -389,15 +400,16 @@ class StubProcess:
         """The consumer left early: the model is told the request is cancelled, and what it
         still sends is dropped (the stream goes once its final response is in)."""
         if stream.abandon():
-            self.cancel(record)
+            self.cancel(record, stream.serial)
             if stream.final:  # it ended meanwhile
                 self.forget_stream(record, stream)
         else:
             self.forget_stream(record, stream)
 
-    def cancel(self, record: int) -> None:
-        """Tells the stub that the caller of a request cancelled it (``is_cancelled()``)."""
-        if not self.post(Command.CANCEL_REQUEST, 0, record, timeout=0.1):
+    def cancel(self, record: int, serial: int) -> None:
+        """Tells the stub that the caller of a request (its record and serial) cancelled it
+        (``is_cancelled()``); the stub ignores it once that request is over."""
+        if not self.post(Command.CANCEL_REQUEST, serial, record, timeout=0.1):
             log.warning("stub '%s' could not be told of a cancellation", self.instance_name)
 
     def post(self, command: Command, args: int, request_id: int, timeout: float = PUSH_TIMEOUT_S) -> bool:

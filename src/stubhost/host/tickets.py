@@ -62,7 +62,7 @@ class Ticket:
 
     __slots__ = ("tensors", "requested", "request_id", "parameters", "correlation_id", "flags", "timeout_us",
                  "size", "priority", "begin", "enqueued", "deadline", "state", "instance", "process", "record",
-                 "dispatched", "sent", "batch_size", "first_in_batch", "outcome", "wake", "ordered", "failure")
+                 "serial", "dispatched", "sent", "batch_size", "first_in_batch", "outcome", "wake", "ordered", "failure")
 
     def __init__(self, tensors: list[tuple[str, Any, int]], requested: Sequence[str | RegionDestination],
                  request_id: str, parameters: str, correlation_id: int | str, flags: int,
@@ -83,6 +83,7 @@ class Ticket:
         self.instance: ModelInstance | None = None
         self.process: StubProcess | None = None
         self.record = 0
+        self.serial = 0             # the request's number in its process (what a cancellation names)
         self.dispatched = 0         # ns: its batch started being written
         self.sent = 0               # ns: its batch was queued to the stub
         self.batch_size = 0         # the batch dimension of the whole batch it ran in

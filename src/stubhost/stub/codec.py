@@ -45,8 +45,8 @@ def read_requests(pool: Pool, first: int, model_name: str, model_version: int,
             raise _core.FormatError("request chain is longer than any batch can be")
         this = handle
         # Positional arguments: pybind11's keyword path costs about a microsecond a call.
-        _, _, ints, handle, strings, tensors = (_core.read_record(pool, handle, False, regions) if regions
-                                                else _core.read_record(pool, handle))
+        _, serial, ints, handle, strings, tensors = (_core.read_record(pool, handle, False, regions) if regions
+                                                     else _core.read_record(pool, handle))
         if len(strings) < REQUEST_FIXED_STRINGS:
             raise _core.FormatError("request record lacks its fixed strings")
         inputs = [Tensor._wrap(*t) if type(t[2]) is not tuple else _gpu_input(t, gpu) for t in tensors]
@@ -65,7 +65,7 @@ def read_requests(pool: Pool, first: int, model_name: str, model_version: int,
         request = InferenceRequest._from_stub(inputs, requested, strings[0], correlation, ints[0], ints[2],
                                               strings[1] or "{}", model_name, model_version)
         request._destinations = destinations
-        request._state = SenderState(this)  # the record's handle names the request to the parent
+        request._state = SenderState(this, serial)  # a request record's status holds its serial
         requests.append(request)
     return requests
 

@@ -3,7 +3,9 @@
 Each ``sender.send()`` becomes one RESPONSE_SEND message on ``stub_to_parent_mq`` naming the
 request's record; nobody waits for it, so a model streams at the queue's pace. The parent's
 cancellations arrive on ``parent_to_stub_mq`` and are read by a thread of their own, so
-``is_cancelled()`` is a set lookup, not a round trip.
+``is_cancelled()`` is a dictionary lookup, not a round trip. A cancellation names the request's
+record and the serial the parent wrote in it, so one that arrives after the request ended never
+reaches a newer request the parent sent in the same record.
 
 A request that is dropped without its final flag (its sender and the request object both
 garbage) is closed here with a flags-only final response, so its caller is not left waiting.
@@ -28,7 +30,7 @@ from stubhost.protocol import RESPONSE_FINAL
 from stubhost.stub import codec
 
 
-_NOT_OPEN = (0, 0)
+_NOT_OPEN = (0, 0, 0)
 PUSH_RETRY_S = 1.0  # a full queue is retried while the parent lives (the parent drains it)
 
 
@@ -42,9 +44,12 @@ class StubResponder:
         self.parent_alive = parent_alive
         self.targets = targets  # client regions by id, for outputs placed there
         self.decoupled = False
-        # record handle -> (execute start in ns, watch token) of the requests not closed yet
-        self.open: dict[int, tuple[int, int]] = {}
-        self.cancelled: set[int] = set()
+        # record handle -> (execute start in ns, watch token, serial) of the requests not closed yet
+        self.open: dict[int, tuple[int, int, int]] = {}
+        # record handle -> serial of the default-mode requests a synchronous execute is running
+        self.running: dict[int, int] = {}
+        # record handle -> serial of the requests the parent cancelled and that are not over yet
+        self.cancelled: dict[int, int] = {}
         self._tokens = itertools.count(1)
         # Reentrant: a finalizer (``released``) may run in a garbage collection that an
         # allocation under this very lock set off.
@@ -58,7 +63,7 @@ class StubResponder:
         with self._lock:
             start = (self.open.pop(handle, None) if final else self.open.get(handle)) or _NOT_OPEN
             if final:
-                self.cancelled.discard(handle)
+                self.cancelled.pop(handle, None)
         times = (start[0] or time.monotonic_ns(), time.monotonic_ns(), final)
         if response is None:
             record = codec.write_flags(self.pool, times)
@@ -68,7 +73,8 @@ class StubResponder:
 
     def is_cancelled(self, request: InferenceRequest) -> bool:
         """True once the parent said the request's caller cancelled it."""
-        return request._state is not None and request._state.handle in self.cancelled
+        state = request._state
+        return state is not None and self.cancelled.get(state.handle, -1) == state.serial
 
     def released(self, handle: int, token: int) -> None:
         """The request and its sender are garbage: close it if the model never did. `token`
@@ -79,7 +85,7 @@ class StubResponder:
             if entry is None or entry[1] != token:
                 return
             start = self.open.pop(handle)[0]
-            self.cancelled.discard(handle)
+            self.cancelled.pop(handle, None)
         Logger.log_warn("a request was released without its final response; it is closed now")
         try:
             self.post(handle, codec.write_flags(self.pool, (start, time.monotonic_ns(), RESPONSE_FINAL)))
@@ -99,15 +105,37 @@ class StubResponder:
             if first:
                 state.watched = next(self._tokens)
             with self._lock:
-                self.open[state.handle] = (start, state.watched)
+                self.open[state.handle] = (start, state.watched, state.serial)
         if first:
             weakref.finalize(state, self.released, state.handle, state.watched)
 
-    def cancel(self, handle: int) -> None:
-        """The parent's CANCEL_REQUEST: the request's ``is_cancelled()`` turns true."""
+    def cancel(self, handle: int, serial: int) -> None:
+        """The parent's CANCEL_REQUEST: the request's ``is_cancelled()`` turns true, if it is
+        still running or open (a request that ended meanwhile ignores it)."""
         with self._lock:
-            if handle in self.open:
-                self.cancelled.add(handle)
+            if self.running.get(handle, -1) == serial or self.open.get(handle, _NOT_OPEN)[2] == serial:
+                self.cancelled[handle] = serial
+
+    # begin and end run on every Execute, so they take no lock: each dictionary operation is
+    # atomic, and a cancellation that races with `end` can only leave an entry under the old
+    # serial, which no later request matches (and whose handle's next end removes it).
+    def begin(self, requests: Sequence[InferenceRequest]) -> None:
+        """A synchronous default-mode ``execute`` starts on `requests`: they may be cancelled."""
+        running = self.running
+        for request in requests:
+            state = request._state
+            if state is not None:
+                running[state.handle] = state.serial
+
+    def end(self, requests: Sequence[InferenceRequest]) -> None:
+        """That ``execute`` was answered: a request its sender still answers stays open, and
+        the others are over."""
+        running, cancelled = self.running, self.cancelled
+        for request in requests:
+            state = request._state
+            if state is not None and running.pop(state.handle, None) is not None and cancelled \
+                    and state.handle not in self.open:
+                cancelled.pop(state.handle, None)
 
     def close_with_error(self, requests: Sequence[InferenceRequest], message: str,
                          code: int = TritonError.INTERNAL) -> None:

@@ -230,7 +230,7 @@ class StubRuntime:
             command, request, args = message.command, message.request_id, message.args
             message.release()
             if command == Command.CANCEL_REQUEST:
-                self.responder.cancel(request)
+                self.responder.cancel(request, args)
             elif command == Command.RESPONSE_SEND:  # a response of a decoupled BLS call
                 self.caller.deliver(request, args)
 
@@ -348,6 +348,7 @@ class StubRuntime:
             message.reply(REPLY_OK, 0)
             return
         batch = carried + requests
+        self.responder.begin(requests)  # the carried ones are open already
         try:
             result = self.model.execute(batch)
             if asyncio.iscoroutine(result):
@@ -372,6 +373,7 @@ class StubRuntime:
                         self.responder.watch(request, start)
             first = codec.write_responses(self.pool, requests, responses, (start, time.monotonic_ns(), 0),
                                           self.targets)
+        self.responder.end(requests)
         message.reply(REPLY_OK, first)
 
     def run_rescheduled(self) -> None:
