@@ -189,7 +189,7 @@ class StubRuntime:
         }
         while True:
             # Rescheduled requests run again as soon as the queue holds nothing to run with them.
-            handle = self.inbox.pop(timeout=0.0 if self.rescheduled else 1.0)
+            handle = self.inbox.pop(0.0 if self.rescheduled else 1.0)  # positional: see codec.read_requests
             if handle is None:
                 if self.rescheduled:
                     self.run_rescheduled()
@@ -209,7 +209,7 @@ class StubRuntime:
             if message.notify:
                 # A parent caller that waits without a thread of its own learns of the reply here
                 # (it also polls, so a full queue only delays it).
-                self.outbox.push(message.handle, timeout=NOTIFY_TIMEOUT_S)
+                self.outbox.push(message.handle, NOTIFY_TIMEOUT_S)
             message.release()
             if command == Command.FINALIZE_REQUEST:
                 self.control.set_health(stub=True, value=False)
