@@ -49,6 +49,17 @@ def test_a_late_cancellation_does_not_reach_the_next_request_in_the_record(pool:
     r.end([second])
 
 
+def test_a_cancellation_with_serial_zero_matches_no_request(pool: _core.Pool) -> None:
+    """0 is the status of records no parent numbered (a BLS request): it names nothing."""
+    r = responder(pool)
+    request, record = request_in(pool, 9)
+    r.cancel(record, 0)
+    r.begin([request])
+    r.cancel(record, 0)
+    assert not r.is_cancelled(request) and r.cancelled == {}
+    r.end([request])
+
+
 def test_a_cancellation_of_a_request_that_is_not_running_is_ignored(pool: _core.Pool) -> None:
     r = responder(pool)
     request, record = request_in(pool, 3)

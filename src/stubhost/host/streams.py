@@ -97,8 +97,7 @@ class ResponseStream:
     __slots__ = ("_lock", "_items", "_waker", "pool", "serial", "record", "_executed", "final", "abandoned",
                  "_event", "_aevent", "_loop", "_on_release")
 
-    def __init__(self, pool: Pool, on_release: Callable[[ResponseStream], None] | None = None,
-                 serial: int = 0) -> None:
+    def __init__(self, pool: Pool, serial: int, on_release: Callable[[ResponseStream], None] | None = None) -> None:
         """`on_release` runs just before the request record is freed: whoever finds streams by
         record must stop doing so then, since the pool may hand the same offset to a new request.
         `serial` is the request's (what a cancellation names it by)."""

@@ -92,7 +92,7 @@ class StubProcess:
         self._streams_lock = threading.Lock()
         # Numbers the requests written into this pool (in a record's status), so that a
         # cancellation names one request, not whichever request uses its record now.
-        self._serials = itertools.count(1)
+        self._serials = itertools.count()
         try:
             self.control = IPCControl.create(self.pool)
             self.inbox = MessageQueue.create(self.pool, settings.queue_capacity)
@@ -369,8 +369,9 @@ class StubProcess:
             self.forget_stream(record, stream)
 
     def next_serial(self) -> int:
-        """The serial of the next request written into this pool (32 bits, as a record's status)."""
-        return next(self._serials) & 0xFFFFFFFF
+        """The serial of the next request written into this pool: 32 bits (a record's status),
+        never 0 (the status of a record no parent numbered, such as a BLS request)."""
+        return next(self._serials) % 0xFFFFFFFF + 1
 
     def stream_for(self, record: int, serial: int | None = None) -> ResponseStream:
         """The stream of responses to the request whose record is `record` (made on first use:
@@ -383,7 +384,7 @@ class StubProcess:
                 if stream is None:
                     if serial is None:
                         serial = request_serial(self.pool, record)
-                    stream = ResponseStream(self.pool, functools.partial(self.forget_stream, record), serial)
+                    stream = ResponseStream(self.pool, serial, functools.partial(self.forget_stream, record))
                     self.streams[record] = stream
                     if self.dead:
                         stream.fail(InferenceError("INTERNAL", f"Stub process '{self.instance_name}' is not healthy."))

@@ -30,7 +30,7 @@ from stubhost.protocol import RESPONSE_FINAL
 from stubhost.stub import codec
 
 
-_NOT_OPEN = (0, 0, 0)
+_NOT_OPEN = (0, 0, -1)  # (start, watch token, serial): -1 matches no serial
 PUSH_RETRY_S = 1.0  # a full queue is retried while the parent lives (the parent drains it)
 
 
