@@ -356,18 +356,21 @@ class StubRuntime:
                 # the responses then travel through the requests' senders.
                 self.run_async(result, batch, start)
                 result = None
-            checked = self.check_responses(result, batch, claim=False)
-            # A rescheduled request's entry is no response: dropped before the others are
-            # claimed as this reply's answers.
-            own = self.keep_rescheduled(requests, checked[len(carried):], deferred=True)[1]
-            responses = self.check_responses(own, requests)
+            checked = self.check_responses(result, batch)
+            own = checked
+            if carried or _any_rescheduled(requests):
+                # A rescheduled request's entry is no response: dropped before the others are
+                # claimed as this reply's answers.
+                own = self.keep_rescheduled(requests, checked[len(carried):], deferred=True)[1]
+            responses = _claim(own, requests)
         except Exception as e:
             self.log_failure(e)
             self.responder.close_with_error(carried, self.failure_text(e))
             first = self.write_failure(requests, e, start)
         else:
-            self.responder.deliver(*self.keep_rescheduled(carried, checked[:len(carried)]))
-            if any(r is None for r in responses):
+            if carried:
+                self.responder.deliver(*self.keep_rescheduled(carried, checked[:len(carried)]))
+            if None in responses:  # InferenceResponse has no __eq__: this compares identities
                 for request, response in zip(requests, responses):
                     if response is None:
                         self.responder.watch(request, start)
@@ -388,7 +391,7 @@ class StubRuntime:
             if asyncio.iscoroutine(result):
                 self.run_async(result, carried, start)
                 return
-            checked = self.check_responses(result, carried, claim=False)
+            checked = self.check_responses(result, carried)
         except Exception as e:
             self.log_failure(e)
             self.responder.close_with_error(carried, self.failure_text(e))
@@ -404,7 +407,7 @@ class StubRuntime:
         With `deferred` (requests whose caller waits for this reply) every request remains and a
         rescheduled one's entry becomes None: the reply calls it deferred, and its response
         comes through its sender later."""
-        if not any(r._release_flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE for r in requests):
+        if not _any_rescheduled(requests):
             return requests, responses
         out: list[InferenceResponse | None] = []
         for request, response in zip(requests, responses):
@@ -495,7 +498,7 @@ class StubRuntime:
         """Delivers what an async ``execute`` returned (or its failure) through the senders."""
         try:
             result = future.result()
-            if any(r._release_flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE for r in requests):
+            if _any_rescheduled(requests):
                 raise _ExecuteError("Request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not supported "
                                     "with 'async def execute' in stubhost")
             if self.decoupled:
@@ -503,7 +506,7 @@ class StubRuntime:
                     raise _ExecuteError(f"Python model '{self.model_name}' is using the decoupled mode and the "
                                         "execute function must return None.")
             else:
-                self.responder.deliver(requests, self.check_responses(result, requests, claim=False))
+                self.responder.deliver(requests, self.check_responses(result, requests))
         except BaseException as e:  # noqa: BLE001  (a cancelled future too: its requests still need an end)
             self.log_failure(e)
             self.responder.close_with_error(requests, self.failure_text(e))
@@ -518,13 +521,12 @@ class StubRuntime:
         Logger.log_error(f"Failed to process the request(s) for model '{self.instance_name}', message: {_detail(e)}")
 
     @staticmethod
-    def check_responses(result: Any, requests: list[InferenceRequest],
-                        claim: bool = True) -> list[InferenceResponse | None]:
+    def check_responses(result: Any, requests: list[InferenceRequest]) -> list[InferenceResponse | None]:
         """What a default-mode ``execute`` returned, checked with Triton's wording: a list of one
         response per request, where None means the request's sender answers it. None in place
-        of the list means that every request is answered through its sender. With `claim`, a
-        returned response counts as the request's one response (it is sent with the reply);
-        otherwise the caller sends it through the sender, which counts it."""
+        of the list means that every request is answered through its sender. Nothing is counted
+        yet: the caller claims the responses the reply carries (``_claim``) or sends them
+        through the senders, which count them."""
         expected = len(requests)
         if result is None:
             return [None] * expected
@@ -541,11 +543,7 @@ class StubRuntime:
                 raise _ExecuteError("Expected an 'InferenceResponse' object in the execute function return list, "
                                     f"found type '{type(item)}'.")
             state = request._state
-            if state is None:
-                continue
-            if claim:
-                state.claim(item)  # under the sender's lock; raises Triton's error if it was used
-            elif state.sent or state.closed:
+            if state is not None and (state.sent or state.closed):
                 state.count(item, RESPONSE_FINAL, False)  # raises Triton's error: it was used
         return result
 
@@ -559,6 +557,23 @@ class StubRuntime:
         if self.model is not None and hasattr(self.model, "finalize"):
             self.model.finalize()
         message.reply(REPLY_OK, 0)
+
+
+def _any_rescheduled(requests: list[InferenceRequest]) -> bool:
+    """Whether ``execute`` released one of `requests` with ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``."""
+    for request in requests:  # a plain loop: once per Execute, and a generator costs more
+        if request._release_flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            return True
+    return False
+
+
+def _claim(responses: list[InferenceResponse | None], requests: list[InferenceRequest]) -> list[InferenceResponse | None]:
+    """Counts each response (checked by ``check_responses``) as its request's one response,
+    sent with the Execute's reply; returns `responses`."""
+    for request, response in zip(requests, responses):
+        if response is not None and request._state is not None:
+            request._state.claim(response)  # raises Triton's error if the sender was used
+    return responses
 
 
 def main(argv: list[str]) -> int:
