@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import stubhost
-from tests.host.repo_factory import WAITER_PY, wait_until, waiter_config, write_model
+from tests.host.repo_factory import WAITER_PY, instance, wait_until, waiter_config, write_model
 
 TIMEOUT = 10.0
 
@@ -79,3 +79,56 @@ def test_a_request_that_ended_is_not_cancelled_by_a_late_cancellation(server: st
         return later_cancelled
 
     assert asyncio.run(main()) == 0
+
+
+def test_a_request_cancelled_while_it_waits_for_a_busy_stub_starts_cancelled(server: stubhost.Server,
+                                                                              tmp_path: Path) -> None:
+    """The second request of a one-instance model waits in the stub's inbox behind the first;
+    its caller gives up there, and the model sees it cancelled as soon as it starts it."""
+    started, second = tmp_path / "first.started", tmp_path / "second.cancelled"
+    process = instance(server, "direct").process
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(server.infer_async("direct", one(1), parameters={"wait": 30, "started": str(started)}))
+        assert await loop.run_in_executor(None, wait_until, started.exists, TIMEOUT)
+        waiting = asyncio.ensure_future(server.infer_async("direct", one(2), parameters={"wait": 30, "cancelled": str(second)}))
+        while len(process.inflight) < 2:  # sent: it waits in the stub's inbox
+            await asyncio.sleep(0.005)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+
+    asyncio.run(main())
+    assert wait_until(second.exists, TIMEOUT), "the waiting request started as if nobody had cancelled it"
+    out = server.infer("direct", one(4), parameters={"wait": 0.05, "cancelled": str(tmp_path / "next")}, timeout=TIMEOUT)
+    np.testing.assert_array_equal(out["OUTPUT0"], [5])
+    assert not (tmp_path / "next").exists()
+
+
+def test_a_request_whose_timeout_runs_out_while_it_waits_for_a_busy_stub_starts_cancelled(
+        server: stubhost.Server, tmp_path: Path) -> None:
+    """``Server.infer(timeout=...)`` gives up a request still waiting behind a running one: the
+    caller gets Triton's timeout error, the instance is not taken for hung, and the model sees
+    the request cancelled when it gets to it."""
+    started, second = tmp_path / "first.started", tmp_path / "second.cancelled"
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(server.infer_async("direct", one(1), parameters={"wait": 30, "started": str(started)}))
+        assert await loop.run_in_executor(None, wait_until, started.exists, TIMEOUT)
+        with pytest.raises(stubhost.InferenceError, match="Request timeout expired") as info:
+            await loop.run_in_executor(None, lambda: server.infer(
+                "direct", one(2), parameters={"wait": 30, "cancelled": str(second)}, timeout=0.3))
+        assert info.value.code == "UNAVAILABLE"
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+
+    asyncio.run(main())
+    assert wait_until(second.exists, TIMEOUT), "the model ran the timed-out request as if it were still wanted"
+    out = server.infer("direct", one(4), timeout=TIMEOUT)
+    np.testing.assert_array_equal(out["OUTPUT0"], [5])

@@ -7,7 +7,7 @@ from stubhost import _core
 from stubhost.backend_utils.request import InferenceRequest
 from stubhost.protocol import RESPONSE_FINAL
 from stubhost.stub import codec
-from stubhost.stub.responder import StubResponder
+from stubhost.stub.responder import MAX_CANCELLED, StubResponder
 
 
 def request_in(pool: _core.Pool, serial: int) -> tuple[InferenceRequest, int]:
@@ -60,12 +60,27 @@ def test_a_cancellation_with_serial_zero_matches_no_request(pool: _core.Pool) ->
     r.end([request])
 
 
-def test_a_cancellation_of_a_request_that_is_not_running_is_ignored(pool: _core.Pool) -> None:
+def test_a_request_cancelled_before_it_starts_starts_cancelled(pool: _core.Pool) -> None:
+    """A default-mode request still waiting in the stub's inbox when its caller gives up."""
     r = responder(pool)
     request, record = request_in(pool, 3)
-    r.cancel(record, 3)  # not begun: a default-mode request the stub has not read yet, or one over
+    r.cancel(record, 3)
     r.begin([request])
-    assert not r.is_cancelled(request)
+    assert r.is_cancelled(request)
+    r.end([request])
+    assert r.cancelled == {} and r.running == {}
+
+
+def test_stale_cancellations_are_forgotten_but_not_those_of_running_requests(pool: _core.Pool) -> None:
+    """Cancellations that came after their requests ended are bounded; a running request's stays."""
+    r = responder(pool)
+    request, record = request_in(pool, 4)
+    r.begin([request])
+    r.cancel(record, 4)
+    for handle in range(1, MAX_CANCELLED + 2):  # handles of requests that ended long ago
+        r.cancel(record + 64 * handle, 99)
+    assert len(r.cancelled) <= MAX_CANCELLED // 2 + 2  # pruned to half, then one more came
+    assert r.is_cancelled(request)
     r.end([request])
 
 

@@ -55,6 +55,16 @@ class ExecuteResult(NamedTuple):
     exec_end: int
 
 
+def _tell_cancelled(process: StubProcess, record: int) -> None:
+    """Tells the stub that the caller of the request in `record` (which the caller still
+    holds) gave up on it: ``request.is_cancelled()`` turns true, also before it starts."""
+    if not process.dead:
+        try:
+            process.cancel(record, request_serial(process.pool, record))
+        except _core.CoreError:
+            pass
+
+
 def _request_timeout(instance: str, timeout: float | None) -> InferenceError:
     return InferenceError("UNAVAILABLE", f"Request timeout expired: instance '{instance}' did not answer within "
                                          f"{timeout} s")
@@ -365,11 +375,7 @@ class ModelInstance:
         except asyncio.CancelledError:
             # The caller went away: the model sees the request cancelled (it may stop early), and
             # the stub's answer is reaped later.
-            if not process.dead:
-                try:
-                    process.cancel(record, request_serial(process.pool, record))
-                except _core.CoreError:
-                    pass
+            _tell_cancelled(process, record)
             process.abandon(message, record)
             raise
         outcome = self._finish(process, message, record, sent)
@@ -522,6 +528,8 @@ class ModelInstance:
         # The oldest request in flight is the one the stub runs: it is stuck, so the stub is
         # replaced. A request that timed out still waiting in the queue just gives up.
         executing = next(iter(process.inflight), None) == message.handle
+        if not executing:  # still waiting in the stub's inbox: the model sees it cancelled
+            _tell_cancelled(process, record)
         process.abandon(message, record)
         if executing:
             self.mark_hung()

@@ -5,7 +5,8 @@ request's record; nobody waits for it, so a model streams at the queue's pace. T
 cancellations arrive on ``parent_to_stub_mq`` and are read by a thread of their own, so
 ``is_cancelled()`` is a dictionary lookup, not a round trip. A cancellation names the request's
 record and the serial the parent wrote in it, so one that arrives after the request ended never
-reaches a newer request the parent sent in the same record.
+reaches a newer request the parent sent in the same record, and one that arrives while the
+request still waits in the stub's inbox is there when it starts.
 
 A request that is dropped without its final flag (its sender and the request object both
 garbage) is closed here with a flags-only final response, so its caller is not left waiting.
@@ -31,6 +32,9 @@ from stubhost.stub import codec
 
 
 _NOT_OPEN = (0, 0, -1)  # (start, watch token, serial): -1 matches no serial
+# Cancellations kept for requests not started: far more than a stub's inbox holds, so only
+# entries of requests that ended before their cancellation came are dropped.
+MAX_CANCELLED = 4096
 PUSH_RETRY_S = 1.0  # a full queue is retried while the parent lives (the parent drains it)
 
 
@@ -48,7 +52,7 @@ class StubResponder:
         self.open: dict[int, tuple[int, int, int]] = {}
         # record handle -> serial of the default-mode requests a synchronous execute is running
         self.running: dict[int, int] = {}
-        # record handle -> serial of the requests the parent cancelled and that are not over yet
+        # record handle -> serial of the requests the parent cancelled, started or not
         self.cancelled: dict[int, int] = {}
         self._tokens = itertools.count(1)
         # Reentrant: a finalizer (``released``) may run in a garbage collection that an
@@ -110,11 +114,25 @@ class StubResponder:
             weakref.finalize(state, self.released, state.handle, state.watched)
 
     def cancel(self, handle: int, serial: int) -> None:
-        """The parent's CANCEL_REQUEST: the request's ``is_cancelled()`` turns true, if it is
-        still running or open (a request that ended meanwhile ignores it)."""
+        """The parent's CANCEL_REQUEST: the request's ``is_cancelled()`` turns true, also when
+        the request still waits in the inbox (it starts cancelled). Only the request with this
+        serial matches, so one that ended meanwhile leaves an entry no request reads."""
+        if serial <= 0:
+            return  # 0 is the status of records no parent numbered (BLS requests): it names none
         with self._lock:
-            if self.running.get(handle, -1) == serial or self.open.get(handle, _NOT_OPEN)[2] == serial:
-                self.cancelled[handle] = serial
+            cancelled = self.cancelled
+            cancelled.pop(handle, None)  # re-inserted last: the dictionary's order is arrival order
+            cancelled[handle] = serial
+            if len(cancelled) > MAX_CANCELLED:
+                self._forget_stale_cancellations()
+
+    def _forget_stale_cancellations(self) -> None:
+        """Drops the oldest cancellations of requests neither running nor open: most ended
+        before their cancellation came (a request's end removes only an entry it finds)."""
+        running, open_ = self.running, self.open
+        stale = [h for h in self.cancelled if h not in running and h not in open_]
+        for handle in stale[:len(stale) - MAX_CANCELLED // 2]:
+            del self.cancelled[handle]
 
     # begin and end run on every Execute, so they take no lock: each dictionary operation is
     # atomic, and a cancellation that races with `end` can only leave an entry under the old
