@@ -130,9 +130,10 @@ class StubResponder:
         """Drops the oldest cancellations of requests neither running nor open: most ended
         before their cancellation came (a request's end removes only an entry it finds)."""
         running, open_ = self.running, self.open
-        stale = [h for h in self.cancelled if h not in running and h not in open_]
+        # A snapshot: ``end`` removes entries without the lock (list() copies in one step).
+        stale = [h for h in list(self.cancelled) if h not in running and h not in open_]
         for handle in stale[:len(stale) - MAX_CANCELLED // 2]:
-            del self.cancelled[handle]
+            self.cancelled.pop(handle, None)
 
     # begin and end run on every Execute, so they take no lock: each dictionary operation is
     # atomic, and a cancellation that races with `end` can only leave an entry under the old
