@@ -8,6 +8,7 @@ instance restarts waits for it (bounded by its timeout).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import functools
 import logging
@@ -56,13 +57,10 @@ class ExecuteResult(NamedTuple):
 
 
 def _tell_cancelled(process: StubProcess, record: int) -> None:
-    """Tells the stub that the caller of the request in `record` (which the caller still
-    holds) gave up on it: ``request.is_cancelled()`` turns true, also before it starts."""
-    if not process.dead:
-        try:
+    """Tells the stub its caller gave up the request in `record` (still held): ``is_cancelled()``."""
+    with contextlib.suppress(_core.CoreError):
+        if not process.dead:
             process.cancel(record, request_serial(process.pool, record))
-        except _core.CoreError:
-            pass
 
 
 def _request_timeout(instance: str, timeout: float | None) -> InferenceError:
@@ -525,8 +523,7 @@ class ModelInstance:
     def _timed_out(self, process: StubProcess, message: IPCMessage, record: int,
                    timeout: float | None) -> InferenceError:
         """Gives up on a request; a stuck stub (the request was the one running) is replaced."""
-        # The oldest request in flight is the one the stub runs: it is stuck, so the stub is
-        # replaced. A request that timed out still waiting in the queue just gives up.
+        # The oldest request in flight is the one the stub runs: stuck, so the stub is replaced.
         executing = next(iter(process.inflight), None) == message.handle
         if not executing:  # still waiting in the stub's inbox: the model sees it cancelled
             _tell_cancelled(process, record)
