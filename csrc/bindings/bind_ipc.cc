@@ -117,7 +117,8 @@ void bind_ipc(py::module_& m) {
 
   py::class_<IPCMessage>(m, "IPCMessage", "One protocol message: command, args handle, inline-reply slot.")
       .def_static("create", &IPCMessage::create, py::arg("pool"), py::arg("command"), py::arg("args") = 0,
-                  py::arg("request_id") = 0, py::arg("inline_reply") = false, py::arg("notify") = false)
+                  py::arg("request_id") = 0, py::arg("inline_reply") = false, py::arg("notify") = false,
+                  py::arg("ring") = false)
       .def_static("attach", &IPCMessage::attach, py::arg("pool"), py::arg("handle"))
       .def_property_readonly("handle", &IPCMessage::handle)
       .def_property_readonly("command",
@@ -133,6 +134,8 @@ void bind_ipc(py::module_& m) {
       .def_property_readonly("inline_reply", &IPCMessage::inline_reply)
       .def_property_readonly("notify", &IPCMessage::notify,
                              "After replying, the responder also pushes this handle on the parent queue.")
+      .def_property_readonly("ring", &IPCMessage::ring,
+                             "After replying, the responder also rings the parent's doorbell (an eventfd).")
       .def_property_readonly("answered", &IPCMessage::answered,
                              "True once the reply is complete; unlike wait_reply(), consumes nothing.")
       .def_property_readonly("reply_status", &IPCMessage::reply_status)

@@ -8,14 +8,14 @@
 namespace stubhost {
 
 IPCMessage IPCMessage::create(const std::shared_ptr<Pool>& pool, Command command, uint64_t args,
-                              uint64_t request_id, bool inline_reply, bool notify) {
+                              uint64_t request_id, bool inline_reply, bool notify, bool ring) {
   const uint64_t h = pool->allocate(sizeof(IPCMessageShm));
   auto* m = new (pool->resolve(h, sizeof(IPCMessageShm))) IPCMessageShm;
   m->magic = kMessageMagic;
   m->command = static_cast<uint32_t>(command);
   m->args = args;
   m->request_id = request_id;
-  m->flags = (inline_reply ? kMessageInlineReply : 0) | (notify ? kMessageNotify : 0);
+  m->flags = (inline_reply ? kMessageInlineReply : 0) | (notify ? kMessageNotify : 0) | (ring ? kMessageRing : 0);
   m->reply_status = 0;
   m->reply_args = kNullHandle;
   m->reply_ready.init(0);

@@ -42,13 +42,15 @@ constexpr uint32_t kMaxCommand = 23;
 constexpr uint32_t kMessageInlineReply = 1u;  // the sender waits on reply_ready
 constexpr uint32_t kMessageNotify = 2u;       // after replying, the responder also pushes the handle
                                               // on the parent queue (callers that wait without a thread)
+constexpr uint32_t kMessageRing = 4u;         // after replying, the responder rings the parent's
+                                              // doorbell (an event loop waits for the reply)
 
 struct IPCMessageShm {
   uint32_t magic;
   uint32_t command;        // a Command
   uint64_t args;           // handle of the command's arguments, or 0
   uint64_t request_id;
-  uint32_t flags;          // kMessageInlineReply
+  uint32_t flags;          // kMessageInlineReply | kMessageNotify | kMessageRing
   uint32_t reply_status;   // 0 = ok; otherwise an error code chosen by the protocol layer
   uint64_t reply_args;     // handle of the reply's payload, or 0
   ShmSemaphore reply_ready;
@@ -70,7 +72,7 @@ static_assert(sizeof(IPCMessageShm) == 64, "message layout");
 class IPCMessage {
  public:
   static IPCMessage create(const std::shared_ptr<Pool>& pool, Command command, uint64_t args,
-                           uint64_t request_id, bool inline_reply, bool notify = false);
+                           uint64_t request_id, bool inline_reply, bool notify = false, bool ring = false);
   /// Validates the message at `handle` (magic, command range).
   static IPCMessage attach(const std::shared_ptr<Pool>& pool, uint64_t handle);
 
@@ -80,6 +82,7 @@ class IPCMessage {
   uint64_t request_id() const noexcept { return m_->request_id; }
   bool inline_reply() const noexcept { return (m_->flags & kMessageInlineReply) != 0; }
   bool notify() const noexcept { return (m_->flags & kMessageNotify) != 0; }
+  bool ring() const noexcept { return (m_->flags & kMessageRing) != 0; }
   uint32_t reply_status() const noexcept { return m_->reply_status; }
   uint64_t reply_args() const noexcept { return m_->reply_args; }
 

@@ -309,7 +309,7 @@ class IPCMessage:
     def attach(pool: Pool, handle: typing.SupportsInt | typing.SupportsIndex) -> IPCMessage:
         ...
     @staticmethod
-    def create(pool: Pool, command: Command, args: typing.SupportsInt | typing.SupportsIndex = 0, request_id: typing.SupportsInt | typing.SupportsIndex = 0, inline_reply: bool = False, notify: bool = False) -> IPCMessage:
+    def create(pool: Pool, command: Command, args: typing.SupportsInt | typing.SupportsIndex = 0, request_id: typing.SupportsInt | typing.SupportsIndex = 0, inline_reply: bool = False, notify: bool = False, ring: bool = False) -> IPCMessage:
         ...
     def release(self) -> None:
         """
@@ -344,6 +344,11 @@ class IPCMessage:
     def notify(self) -> bool:
         """
         After replying, the responder also pushes this handle on the parent queue.
+        """
+    @property
+    def ring(self) -> bool:
+        """
+        After replying, the responder also rings the parent's doorbell (an eventfd).
         """
     @property
     def reply_args(self) -> int:

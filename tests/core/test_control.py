@@ -228,6 +228,17 @@ def test_message_fields_are_what_create_was_given(pool: _core.Pool) -> None:
             assert (m.command, m.args, m.request_id, m.inline_reply) == (
                 Command.EXECUTE_REQUEST, 0xABC, (1 << 64) - 1, True)
             assert (m.reply_status, m.reply_args) == (0, 0)
+            assert (m.notify, m.ring) == (False, False)
+    finally:
+        pool.free(msg.handle)
+
+
+@pytest.mark.parametrize("notify,ring", [(True, False), (False, True), (True, True)])
+def test_message_answer_flags_are_seen_by_the_responder(pool: _core.Pool, notify: bool, ring: bool) -> None:
+    msg = IPCMessage.create(pool, Command.EXECUTE_REQUEST, 0, 0, True, notify, ring)
+    try:
+        peer = IPCMessage.attach(pool, msg.handle)
+        assert (peer.inline_reply, peer.notify, peer.ring) == (True, notify, ring)
     finally:
         pool.free(msg.handle)
 

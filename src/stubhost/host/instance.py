@@ -22,6 +22,7 @@ import numpy as np
 
 from stubhost import _core
 from stubhost._core import Command, IPCMessage, RecordKind
+from stubhost.host.doorbell import wake
 from stubhost.host.errors import InferenceError
 from stubhost.host.instance_spec import InstanceSpec, initialize_stub, load_error
 from stubhost.host.regions import RegionDestination, RegionTensor, destination_text, region_entry
@@ -140,9 +141,6 @@ class RequestStream:
         ModelInstance._leave(self.process, self.record, self.stream)
 
 
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():  # the caller may have timed out or been cancelled meanwhile
-        future.set_result(None)
 IS_READY_TIMEOUT_S = 5.0
 
 
@@ -348,22 +346,15 @@ class ModelInstance:
     async def execute_async(self, tensors: list[tuple[str, Any, int]], outputs: Sequence[str | RegionDestination], request_id: str,
                             parameters: str, correlation_id: int | str, flags: int,
                             timeout: float | None, *, timeout_us: int | None = None) -> ExecuteResult:
-        """``execute`` for asyncio: no thread waits; the stub process's completion thread wakes
-        the caller's event loop when the reply is in."""
+        """``execute`` for asyncio: no thread waits; the stub rings the doorbell of the caller's
+        event loop when the reply is in (or its completion thread wakes the loop: StubProcess.submit)."""
         loop = asyncio.get_running_loop()
         process = self.process
         if self.state is not InstanceState.READY:
             process = await loop.run_in_executor(None, self._wait_ready, timeout)
         done = loop.create_future()
-
-        def on_reply() -> None:  # runs in the completion thread (or in whoever fails the message)
-            try:
-                loop.call_soon_threadsafe(_resolve, done)
-            except RuntimeError:
-                pass  # the caller's loop is closed: nobody is left to wake
-
         message, record = self._send(process, tensors, outputs, request_id, parameters, correlation_id, flags,
-                                     timeout, on_reply, timeout_us)
+                                     timeout, functools.partial(wake, loop, done), timeout_us, loop=loop)
         sent = time.monotonic_ns()
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
@@ -479,15 +470,15 @@ class ModelInstance:
               outputs: Sequence[str | RegionDestination],
               request_id: str, parameters: str, correlation_id: int | str, flags: int, timeout: float | None,
               on_reply: Callable[..., None] | None, timeout_us: int | None = None,
-              with_record: bool = False) -> tuple[IPCMessage, int]:
+              with_record: bool = False, loop: asyncio.AbstractEventLoop | None = None) -> tuple[IPCMessage, int]:
         """Writes the request record and queues its Execute message; `on_reply` is called as
-        StubProcess.submit says, or as ``on_reply(message, record)`` with `with_record`."""
+        StubProcess.submit says (`loop` too), or as ``on_reply(message, record)`` with `with_record`."""
         record = self.write_request(process, tensors, outputs, request_id, parameters, correlation_id, flags,
                                      timeout, timeout_us, process.next_serial())
         if with_record and on_reply is not None:
             on_reply = functools.partial(on_reply, record=record)  # known before the stub can answer
         try:
-            return process.submit(Command.EXECUTE_REQUEST, record, timeout, on_reply, with_record), record
+            return process.submit(Command.EXECUTE_REQUEST, record, timeout, on_reply, with_record, loop), record
         except (TimeoutError, _core.CoreError) as e:
             process.pool.free(record)
             raise InferenceError("UNAVAILABLE", f"cannot send the request to instance '{self.name}': {e}") from None

@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 from stubhost import _core
 from stubhost._core import Command, IPCMessage
 from stubhost.config import ModelConfig
+from stubhost.host.doorbell import wake
 from stubhost.host.errors import InferenceError
 from stubhost.host.instance import ExecuteResult, InstanceState, ModelInstance, RequestStream
 from stubhost.host.stats import BACKEND, CANCELED, OTHER, REJECTED
@@ -235,7 +236,12 @@ class Scheduler:
             streams = ([(t.record, process.stream_for(t.record, t.serial)) for t in live] if self.decoupled
                        else None)
             on_reply = None if waited else functools.partial(self._executed, instance, process, live, streams)
-            message = process.submit(Command.EXECUTE_REQUEST, records[0], None, on_reply, True)
+            # The answer is read in the event loop that sends the batch when all its requests are
+            # that loop's: anyone else's must not wait for a loop that may be busy or gone.
+            loop = asyncio._get_running_loop()
+            if loop is not None and any(t.loop is not loop for t in live):
+                loop = None
+            message = process.submit(Command.EXECUTE_REQUEST, records[0], None, on_reply, True, loop)
         except (TimeoutError, _core.CoreError) as e:
             for record, stream in streams or ():
                 process.forget_stream(record, stream)
@@ -463,14 +469,8 @@ class Scheduler:
         """``wait`` for a coroutine: no thread waits; cancelling it withdraws the request."""
         loop = asyncio.get_running_loop()
         done = loop.create_future()
-
-        def wake() -> None:  # from the completion thread, or whoever settles the request
-            try:
-                loop.call_soon_threadsafe(_resolve, done)
-            except RuntimeError:
-                pass  # the caller's loop is closed: nobody is left to wake
-
-        ticket.wake = wake
+        ticket.wake = functools.partial(wake, loop, done)  # called by whoever settles the request
+        ticket.loop = loop
         deadline = None if timeout is None else time.monotonic() + timeout
         self.submit(ticket)
         try:
@@ -530,7 +530,3 @@ class _Flight(NamedTuple):
     batch: list[Ticket]
     message: IPCMessage
 
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():  # the caller may have timed out or been cancelled meanwhile
-        future.set_result(None)

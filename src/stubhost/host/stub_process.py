@@ -8,6 +8,7 @@ model's file and line, and any other output is logged with the instance's name.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import json
@@ -23,6 +24,7 @@ from typing import IO, Any
 
 from stubhost import _core
 from stubhost._core import Command, IPCControl, IPCMessage, MessageQueue, Pool
+from stubhost.host.doorbell import Doorbell
 from stubhost.host.errors import InferenceError
 from stubhost.host.regions import ClientRegion
 from stubhost.host.streams import ResponseStream, is_deferred, request_serial, stream_item
@@ -79,6 +81,11 @@ class StubProcess:
         settings = settings or StubSettings()
         self.pool = Pool.create(prefix=settings.prefix, initial_size=settings.pool_size,
                                 growth_size=settings.pool_growth, max_size=settings.pool_max)
+        try:
+            self.doorbell = Doorbell(self._rung)  # wakes the event loop that awaits this stub's answers
+        except BaseException:
+            self.pool.close()
+            raise
         self.inflight: dict[int, IPCMessage] = {}
         self.dead = False  # set once the stub is known to be gone; never cleared
         self.abandoned: list[tuple[IPCMessage, int]] = []  # (message, request record) nobody waits for
@@ -105,13 +112,15 @@ class StubProcess:
             self.control.parent_to_stub_mq = self.answers.handle
             self.control.parent_pid = os.getpid()
             self.control.set_health(stub=False, value=True)
-            spec = json.dumps({"pool": self.pool.name, "control": self.control.handle, "instance": instance_name})
+            spec = json.dumps({"pool": self.pool.name, "control": self.control.handle, "instance": instance_name,
+                               "doorbell": self.doorbell.fd})
             self.process = subprocess.Popen(
                 [python or sys.executable, "-m", "stubhost.stub", spec],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                env=dict(env) if env is not None else None, close_fds=True,
+                env=dict(env) if env is not None else None, close_fds=True, pass_fds=(self.doorbell.fd,),
                 start_new_session=True)  # a terminal's Ctrl-C is for the server, which stops its stubs
         except BaseException:
+            self.doorbell.close()
             self.pool.close()
             raise
         self._pump = threading.Thread(target=self._pump_logs, args=(self.process.stdout,),
@@ -151,17 +160,25 @@ class StubProcess:
 
     # ---- commands --------------------------------------------------------------------------------
     def submit(self, command: Command, args: int, timeout: float | None,
-               on_reply: Callable[..., None] | None = None, pass_message: bool = False) -> IPCMessage:
+               on_reply: Callable[..., None] | None = None, pass_message: bool = False,
+               loop: asyncio.AbstractEventLoop | None = None) -> IPCMessage:
         """Sends one inline-reply command; the caller waits on it and then calls ``finish``.
 
-        With `on_reply`, the caller does not wait in a thread: `on_reply` is called (from the
-        completion thread, or from whoever fails the message) once the message is answered,
-        with the message as its argument when `pass_message` is set.
+        With `on_reply`, the caller does not wait in a thread: `on_reply` is called once the
+        message is answered, with the message as its argument when `pass_message` is set. It is
+        called from `loop`'s thread when `loop` (the event loop running in the calling thread)
+        listens to this stub's doorbell (or from the completion thread's poll, within
+        COMPLETION_POLL_S, if that loop stops); otherwise from the completion thread; and from
+        whoever fails the message when the stub dies.
         """
+        ring = on_reply is not None and loop is not None and self.doorbell.listen(loop)
         # Positional arguments: pybind11's keyword path costs about a microsecond a call.
-        message = IPCMessage.create(self.pool, command, args, 0, True, on_reply is not None)
+        message = IPCMessage.create(self.pool, command, args, 0, True, on_reply is not None and not ring, ring)
         if on_reply is not None:
             self.waiters[message.handle] = functools.partial(on_reply, message) if pass_message else on_reply
+            if ring:
+                self.doorbell.expect(message.handle)
+            # Even for a doorbell's message: its poll answers it if the loop stops reading the bell.
             self._start_completer()
         self.inflight[message.handle] = message
         # SYNC with fail_inflight(): it sets `dead` before it walks `inflight`, so a message either
@@ -311,6 +328,17 @@ class StubProcess:
         if on_reply is not None:
             on_reply()
 
+    def _rung(self, pending: set[int]) -> None:
+        """The doorbell rang (in its loop's thread): the answered messages in `pending` are
+        handed to their callers, and those that are no longer in flight are forgotten."""
+        for handle in list(pending):
+            message = self.inflight.get(handle)
+            if message is None:  # failed, or given up on
+                pending.discard(handle)
+            elif message.answered:
+                pending.discard(handle)
+                self._notify(handle)
+
     def _start_completer(self) -> None:
         if self._completer is None:
             with self._completer_lock:
@@ -321,16 +349,24 @@ class StubProcess:
 
     def _complete(self) -> None:
         """Completion thread: turns the stub's notifications into ``on_reply`` calls."""
+        late: set[int] = set()  # the doorbell's messages found answered by the last poll
         while not self._closing:
             handle = self.outbox.pop(timeout=COMPLETION_POLL_S)
             if handle:
                 self._notify(handle)
                 continue
-            # Safety net: a notification the stub could not push (full queue) is found by polling.
+            # Safety net: a notification the stub could not push (full queue) is found by polling;
+            # so is a doorbell's answer that its loop left unread for a whole poll (it stopped).
+            answered = set()
             for pending in list(self.waiters):
                 message = self.inflight.get(pending)
-                if message is not None and message.wait_reply(0):
+                if message is not None and message.answered:
+                    answered.add(pending)
+            rung = self.doorbell.pending
+            for pending in answered:
+                if pending not in rung or pending in late:
                     self._notify(pending)
+            late = answered & rung
 
     # ---- calls from the stub ----------------------------------------------------------------------
     def _serve_calls(self) -> None:
@@ -459,4 +495,5 @@ class StubProcess:
         self.calls.push(0, timeout=0.1)  # the same for the calls thread
         self._caller.join(timeout=1.0)
         self._pump.join(timeout=1.0)
+        self.doorbell.close()
         self.pool.close()

@@ -4,6 +4,7 @@ policy (``dynamic_batching.default_queue_policy`` / ``priority_queue_policy``). 
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -62,7 +63,7 @@ class Ticket:
 
     __slots__ = ("tensors", "requested", "request_id", "parameters", "correlation_id", "flags", "timeout_us",
                  "size", "priority", "begin", "enqueued", "deadline", "state", "instance", "process", "record",
-                 "serial", "dispatched", "sent", "batch_size", "first_in_batch", "outcome", "wake", "ordered", "failure")
+                 "serial", "dispatched", "sent", "batch_size", "first_in_batch", "outcome", "wake", "loop", "ordered", "failure")
 
     def __init__(self, tensors: list[tuple[str, Any, int]], requested: Sequence[str | RegionDestination],
                  request_id: str, parameters: str, correlation_id: int | str, flags: int,
@@ -90,6 +91,7 @@ class Ticket:
         self.first_in_batch = False  # counts the batch's execution in the statistics
         self.outcome: ExecuteResult | ResponseStream | RequestStream | InferenceError | None = None
         self.wake: Callable[[], None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the event loop its caller awaits in (None: a thread)
         self.ordered = False        # settled, waiting for earlier requests (preserve_ordering)
         self.failure = BACKEND      # the failure reason (stats.py) of an error this scheduler gives it
 

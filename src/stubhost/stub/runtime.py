@@ -111,6 +111,7 @@ class StubRuntime:
         self.inbox = MessageQueue.attach(self.pool, self.control.stub_message_queue)
         self.outbox = MessageQueue.attach(self.pool, self.control.parent_message_queue)
         self.instance_name: str = spec.get("instance", "")
+        self.doorbell: int | None = spec.get("doorbell")  # an eventfd: rung for a parent's event loop
         self.parent_pid = int(self.control.parent_pid)
         self.initial_ppid = os.getppid()
         self.module: ModuleType | None = None
@@ -210,6 +211,8 @@ class StubRuntime:
                 # A parent caller that waits without a thread of its own learns of the reply here
                 # (it also polls, so a full queue only delays it).
                 self.outbox.push(message.handle, NOTIFY_TIMEOUT_S)
+            elif message.ring and self.doorbell is not None:
+                self.ring_doorbell()
             message.release()
             if command == Command.FINALIZE_REQUEST:
                 self.control.set_health(stub=True, value=False)
@@ -253,6 +256,13 @@ class StubRuntime:
         except _core.CoreError:
             if payload:  # already answered: the reason has no reader
                 self.pool.free(payload)
+
+    def ring_doorbell(self) -> None:
+        """Wakes the parent's event loop that waits for an answer just written."""
+        try:
+            os.eventfd_write(self.doorbell, 1)  # type: ignore[arg-type]
+        except OSError:
+            pass  # the count is full (the parent reads it) or the parent is gone: the answer is in either way
 
     # ---- commands --------------------------------------------------------------------------------
     def load(self, payload: dict[str, Any]) -> ModuleType:
