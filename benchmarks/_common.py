@@ -83,6 +83,30 @@ def time_series(step, iterations: int, warmup_s: float, max_s: float, warmup_n: 
     return np.asarray(out, dtype=np.int64)
 
 
+async def async_time_series(step, iterations: int, warmup_s: float, max_s: float, warmup_n: int = 1,
+                            check=None, no_gc: bool = False) -> np.ndarray:
+    """time_series for a coroutine function: each `await step(i)` is timed in the running loop."""
+    i, end = 0, time.perf_counter() + warmup_s
+    while i < warmup_n or time.perf_counter() < end:
+        result = await step(i)
+        if check is not None:
+            check(i, result)
+        i += 1
+    clock, out = time.perf_counter_ns, []
+    deadline = clock() + int(max_s * 1e9)
+    with gc_off() if no_gc else contextlib.nullcontext():
+        for k in range(i, i + iterations):
+            t0 = clock()
+            result = await step(k)
+            t1 = clock()
+            out.append(t1 - t0)
+            if check is not None:
+                check(k, result)
+            if t1 > deadline:
+                break
+    return np.asarray(out, dtype=np.int64)
+
+
 # ---- disturbance and reporting ----------------------------------------------------------------
 def cpu_seconds() -> tuple[float, float]:
     """(non-idle CPU seconds of the whole machine, CPU seconds of this process and its reaped descendants)."""

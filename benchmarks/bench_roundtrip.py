@@ -10,6 +10,8 @@ Measured in one run, on the same machine:
      The fastest honest pure-Python baseline. Bar: (a) <= 3.0 x (b), medians.
   c. multiprocessing.Pipe round trip with the same payload (numpy copy in and out on each side),
      as a second reference (posix semaphores would need posix_ipc, which is not a dependency).
+  a2. the same calls awaited one by one, `await server.infer_async(...)` in an asyncio loop (the
+     in-process API of asyncio servers; the stub wakes the loop through its doorbell). Information.
   d. load -> READY: wall time from constructing stubhost.Server until server.ready() (and every
      model's model_ready()), for add_sub alone (the server of a.) and for the whole repository.
 
@@ -23,6 +25,7 @@ Usage: python3 benchmarks/bench_roundtrip.py [--quick] [--runs N] [--iterations 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import mmap
 import os
@@ -36,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py, when run as a script
-from _common import (CTX, child_process, child_setup, fmt, machine_facts,  # noqa: E402
+from _common import (CTX, async_time_series, child_process, child_setup, fmt, machine_facts,  # noqa: E402
                      measured, summarize_runs, time_series)
 
 PREFIX = "bench_stubhost"      # /dev/shm/bench_stubhost_*: not matched by the tests' stubhost* checks
@@ -57,9 +60,10 @@ REQ_OFF, REP_OFF = SEQ * 8 + 8, ACK * 8 + 8  # payload byte offsets
 STOP = (1 << 63) - 1
 SPIN = range(1 << 21)                       # polls between liveness checks of the peer
 
-ROWS = {"infer": f"stubhost infer {MODEL} (4xFP32)", "shm": "bare shm ping-pong (busy-poll)",
-        "pipe": "mp.Pipe round trip", "load1": f"load->READY {MODEL}", "loadall": "load->READY repository"}
-US_ROWS, MS_ROWS = ("infer", "shm", "pipe"), ("load1", "loadall")
+ROWS = {"infer": f"stubhost infer {MODEL} (4xFP32)", "infer_async": f"stubhost infer_async {MODEL}",
+        "shm": "bare shm ping-pong (busy-poll)", "pipe": "mp.Pipe round trip", "load1": f"load->READY {MODEL}",
+        "loadall": "load->READY repository"}
+US_ROWS, MS_ROWS = ("infer", "infer_async", "shm", "pipe"), ("load1", "loadall")
 
 
 class StubhostUnavailable(RuntimeError):
@@ -240,7 +244,13 @@ def measure_stubhost(cfg: dict) -> dict:
 
         samples = time_series(step, cfg["iterations"], cfg["warmup_s"], cfg["max_s"],
                               warmup_n=10, check=check, no_gc=True)
-    return {"infer": samples, "load1": np.asarray([load], dtype=np.int64)}
+        async def awaited_step(i):
+            return await server.infer_async(MODEL, {"INPUT0": PAYLOADS[i & 0xFF], "INPUT1": INPUT1})
+
+        awaited = asyncio.run(async_time_series(awaited_step, cfg["iterations"], cfg["warmup_s"], cfg["max_s"],
+                                                warmup_n=10, check=check, no_gc=True))
+    return {"infer": samples, "infer_async": awaited, "load1": np.asarray([load], dtype=np.int64)}
+
 
 
 def measure_load_all(cfg: dict) -> dict:
@@ -277,7 +287,7 @@ def print_table(results: dict, errors: dict) -> dict:
 def print_ratios(medians: dict) -> bool | None:
     """Prints the ratios of medians; returns whether the bar holds (None if it could not be evaluated)."""
     checks = [("stubhost / bare ping-pong", "infer", "shm", BAR), ("stubhost / mp.Pipe", "infer", "pipe", None),
-              ("mp.Pipe / bare ping-pong", "pipe", "shm", None)]
+              ("mp.Pipe / bare ping-pong", "pipe", "shm", None), ("infer_async / infer", "infer_async", "infer", None)]
     print()
     verdict_bar = None
     for label, num, den, bar in checks:
