@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 from pathlib import Path
 
@@ -149,6 +150,29 @@ def test_closing_the_server_leaves_no_doorbell_open(repo: Path) -> None:
         runner.join(10)
         loop.close()
 
+
+
+def test_a_stub_that_dies_under_awaits_fails_them_and_its_successor_rings_a_new_doorbell(repo: Path) -> None:
+    baseline = _eventfds()
+    with stubhost.Server(repo, models=["sleepy"]) as server:
+        async def run() -> None:
+            for _ in range(3):
+                old = instance(server, "sleepy").process
+                calls = [asyncio.ensure_future(server.infer_async("sleepy", {"INPUT0": np.zeros(1, np.float32)},
+                                                                  parameters={"sleep": 0.2})) for _ in range(3)]
+                await asyncio.sleep(0.05)
+                os.kill(old.pid, signal.SIGKILL)
+                for call in calls:
+                    with pytest.raises(stubhost.InferenceError, match="is not healthy"):
+                        await asyncio.wait_for(call, 10)
+                await _infer_many(server, "sleepy", 5)  # waits for the restarted stub
+                assert instance(server, "sleepy").process is not old
+                # The dead stub's doorbell was let go by this loop: one descriptor per live stub.
+                assert await asyncio.get_running_loop().run_in_executor(
+                    None, wait_until, lambda: _eventfds() == baseline + 1, 5.0), (_eventfds(), baseline)
+
+        asyncio.run(run())
+    assert _eventfds() == baseline
 
 def test_a_closed_doorbell_leaves_no_registration_for_a_descriptor_that_reuses_its_number() -> None:
     rung: list[int] = []
