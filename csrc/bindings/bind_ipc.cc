@@ -134,6 +134,8 @@ void bind_ipc(py::module_& m) {
       .def_property_readonly("inline_reply", &IPCMessage::inline_reply)
       .def_property_readonly("notify", &IPCMessage::notify,
                              "After replying, the responder also pushes this handle on the parent queue.")
+      .def("set_notify", &IPCMessage::set_notify, py::arg("on"),
+           "Turn the responder's notification on or off in flight; returns `answered` as read after.")
       .def_property_readonly("ring", &IPCMessage::ring,
                              "After replying, the responder also rings the parent's doorbell (an eventfd).")
       .def_property_readonly("answered", &IPCMessage::answered,

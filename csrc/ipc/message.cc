@@ -15,7 +15,8 @@ IPCMessage IPCMessage::create(const std::shared_ptr<Pool>& pool, Command command
   m->command = static_cast<uint32_t>(command);
   m->args = args;
   m->request_id = request_id;
-  m->flags = (inline_reply ? kMessageInlineReply : 0) | (notify ? kMessageNotify : 0) | (ring ? kMessageRing : 0);
+  m->flags.store((inline_reply ? kMessageInlineReply : 0) | (notify ? kMessageNotify : 0) | (ring ? kMessageRing : 0),
+                 std::memory_order_relaxed);
   m->reply_status = 0;
   m->reply_args = kNullHandle;
   m->reply_ready.init(0);
@@ -44,6 +45,24 @@ void IPCMessage::reply(uint32_t status, uint64_t reply_args) {
   // releases them to answered() readers.
   m_->reply_ready.post();
   m_->replied.store(2, std::memory_order_release);
+}
+
+bool IPCMessage::notify() const noexcept {
+  // SYNC POINT READ: with the fence in set_notify(), either this load sees the sender's change or
+  // the sender's answered() sees this side's reply, which was made before it (Dekker's pattern).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return (m_->flags.load(std::memory_order_seq_cst) & kMessageNotify) != 0;
+}
+
+bool IPCMessage::set_notify(bool on) noexcept {
+  // SYNC POINT WRITE: pairs with notify(); see there.
+  if (on) {
+    m_->flags.fetch_or(kMessageNotify, std::memory_order_seq_cst);
+  } else {
+    m_->flags.fetch_and(~kMessageNotify, std::memory_order_seq_cst);
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return answered();
 }
 
 bool IPCMessage::answered() const noexcept {

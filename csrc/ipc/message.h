@@ -1,6 +1,7 @@
 // IPCMessage: one command crossing a queue, with an optional inline-reply completion slot.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -50,7 +51,7 @@ struct IPCMessageShm {
   uint32_t command;        // a Command
   uint64_t args;           // handle of the command's arguments, or 0
   uint64_t request_id;
-  uint32_t flags;          // kMessageInlineReply | kMessageNotify | kMessageRing
+  std::atomic<uint32_t> flags;  // kMessageInlineReply | kMessageNotify | kMessageRing (notify may change in flight)
   uint32_t reply_status;   // 0 = ok; otherwise an error code chosen by the protocol layer
   uint64_t reply_args;     // handle of the reply's payload, or 0
   ShmSemaphore reply_ready;
@@ -80,9 +81,16 @@ class IPCMessage {
   uint32_t command() const noexcept { return m_->command; }
   uint64_t args() const noexcept { return m_->args; }
   uint64_t request_id() const noexcept { return m_->request_id; }
-  bool inline_reply() const noexcept { return (m_->flags & kMessageInlineReply) != 0; }
-  bool notify() const noexcept { return (m_->flags & kMessageNotify) != 0; }
-  bool ring() const noexcept { return (m_->flags & kMessageRing) != 0; }
+  bool inline_reply() const noexcept { return (m_->flags.load(std::memory_order_relaxed) & kMessageInlineReply) != 0; }
+  /// Whether the responder, having replied, must push the handle on the parent queue. Read it
+  /// after reply(): the sender may turn it on meanwhile (see set_notify).
+  bool notify() const noexcept;
+  bool ring() const noexcept { return (m_->flags.load(std::memory_order_relaxed) & kMessageRing) != 0; }
+  /// Turns the responder's notification on or off while the message is in flight (sender side):
+  /// a sender that waits for the reply itself needs none, until it stops waiting. Returns
+  /// answered() as read after the change: when true, the responder may have read the old value,
+  /// so the sender must take the reply itself (a notification may come too).
+  bool set_notify(bool on) noexcept;
   uint32_t reply_status() const noexcept { return m_->reply_status; }
   uint64_t reply_args() const noexcept { return m_->reply_args; }
 

@@ -319,6 +319,10 @@ class IPCMessage:
         """
         Answer an inline-reply message (once; a second reply raises CoreError).
         """
+    def set_notify(self, on: bool) -> bool:
+        """
+        Turn the responder's notification on or off in flight; returns `answered` as read after.
+        """
     def wait_reply(self, timeout: typing.SupportsFloat | typing.SupportsIndex | None = None) -> bool:
         """
         Wait for the responder's reply(); False on timeout.

@@ -56,3 +56,22 @@ def reply_to_message(pool_name: str, queue_handle: int, expect: dict[str, Any], 
         msg.release()  # the responder's reference; the sender holds the other
     finally:
         pool.close()
+
+
+def reply_and_notify(pool_name: str, inbox_handle: int, outbox_handle: int, count: int) -> None:
+    """Answers `count` messages as the stub's command loop does: reply, then push the handle on
+    the outbox only if the message asks for a notification *after* the reply."""
+    pool = Pool.attach(pool_name)
+    try:
+        inbox = MessageQueue.attach(pool, inbox_handle)
+        outbox = MessageQueue.attach(pool, outbox_handle)
+        for _ in range(count):
+            handle = inbox.pop(timeout=30)
+            _check(handle is not None, "no message arrived")
+            msg = IPCMessage.attach(pool, handle)
+            msg.reply(0, msg.args)
+            if msg.notify:
+                _check(outbox.push(handle, timeout=30), "the outbox stayed full")
+            msg.release()
+    finally:
+        pool.close()

@@ -1,15 +1,19 @@
 """``Server.submit_response``: a request started with no thread waiting, answered through a callback.
 
-Runs real stubs through the public API: the answer and the thread it comes from, an error
-response, requests refused before they start, the models that need a waiting thread, and many
-requests in flight at once.
+Runs real stubs through the public API: the answer and the thread it comes from (the caller's
+own, when it lingers and the answer comes in time), an error response, requests refused before
+they start, the models that need a waiting thread, and many requests in flight at once.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +21,7 @@ import pytest
 import stubhost
 from stubhost import InferenceError
 from stubhost.host.result import InferResponse
-from tests.host.repo_factory import copy_examples, write_model
+from tests.host.repo_factory import SLEEPY_PY, copy_examples, sleepy_config, write_model
 
 FAILING_PY = '''
 class TritonPythonModel:
@@ -57,6 +61,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stubhost.Server
                                           "\ndynamic_batching { }\n")
     failing_config = (repo / "add_sub" / "config.pbtxt").read_text().replace('name: "add_sub"', 'name: "failing"')
     write_model(repo, "failing", FAILING_PY, failing_config)
+    write_model(repo, "sleepy", SLEEPY_PY, sleepy_config("sleepy"))
     with stubhost.Server(repo) as s:
         yield s
 
@@ -122,3 +127,47 @@ def test_many_requests_in_flight_each_get_their_own_answer(server: stubhost.Serv
         assert server.submit_response("add_sub", inputs(float(i)), done=answers, request_id=str(i))
     sums = sorted(float(r.outputs["OUTPUT0"][0]) for r in answers.wait() if isinstance(r, InferResponse))
     assert sums == [i + 1.0 for i in range(200)]
+
+
+def test_a_caller_that_lingers_gets_a_quick_answer_in_its_own_thread_before_submit_returns(
+        server: stubhost.Server) -> None:
+    for i in range(20):
+        answers = Answers()
+        assert server.submit_response("add_sub", inputs(float(i)), done=answers, linger=5.0) is True
+        assert len(answers.items) == 1, "answered before submit_response returned"
+        assert answers.threads == {threading.current_thread().name}
+        np.testing.assert_array_equal(answers.items[0].outputs["OUTPUT0"], np.full(4, i + 1.0, np.float32))
+
+
+def test_an_answer_later_than_the_linger_comes_once_from_the_completion_thread(server: stubhost.Server) -> None:
+    answers = Answers(3)
+    for sleep, value in ((0.3, 1.0), (0.05, 2.0), (0.001, 3.0)):
+        assert server.submit_response("sleepy", {"INPUT0": np.full(2, value, np.float32)}, done=answers,
+                                      parameters={"sleep": sleep}, linger=0.0005)
+    items = answers.wait()
+    time.sleep(0.2)  # a second hand-over would come by now
+    assert sorted(float(r.outputs["OUTPUT0"][0]) for r in items) == [1.0, 2.0, 3.0]  # type: ignore[union-attr]
+    assert len(answers.items) == 3
+    assert answers.threads == {"stubhost-done-sleepy_0"}
+
+
+def test_a_stub_killed_while_its_caller_lingers_fails_the_request_once(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    write_model(repo, "sleepy", SLEEPY_PY, sleepy_config("sleepy"))
+    with stubhost.Server(repo) as s:
+        pid = int(s.infer("sleepy", {"INPUT0": np.zeros(1, np.float32)})["PID"][0])
+        killer = threading.Timer(0.3, os.kill, (pid, signal.SIGKILL))
+        killer.start()
+        answers = Answers()
+        started = time.monotonic()
+        try:
+            assert s.submit_response("sleepy", {"INPUT0": np.zeros(1, np.float32)}, done=answers,
+                                     parameters={"sleep": 30}, linger=10.0)
+        finally:
+            killer.join()
+        assert time.monotonic() - started < 9, "the death ended the linger"
+        [error] = answers.wait()
+        time.sleep(0.2)
+        assert len(answers.items) == 1
+        assert isinstance(error, InferenceError)
+        assert error.message == "Stub process 'sleepy_0' is not healthy."

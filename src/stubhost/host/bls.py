@@ -7,8 +7,8 @@ record written into the caller's pool, so the caller's outputs are views too. A 
 answered with an error response: the model sees it as ``response.error()``.
 
 A call to a plain model (no queue, no sequence, not decoupled, no timeout) is started by the
-stub's calls thread itself and answered by the target instance's completion thread, so no
-thread waits for it. Other calls run on a thread pool of their own: the calls thread only hands
+stub's calls thread itself, which lingers a moment for a quick answer; a later one is answered
+by the target instance's completion thread, so no thread waits for it. Other calls run on a thread pool of their own: the calls thread only hands
 them over, so a slow target never holds up the responses the same stub streams meanwhile.
 """
 
@@ -52,6 +52,10 @@ _REQUEST = int(RecordKind.REQUEST)
 _RESPONSE = int(RecordKind.RESPONSE)
 _BYTES = int(_core.DataType.BYTES)
 MAX_BLS_THREADS = 64
+# How long the calls thread waits for a plain call's answer before the target's completion
+# thread takes over: a quick model's answer then goes straight back (no thread hop), and the
+# stub's next message waits at most this long.
+BLS_LINGER_S = 300e-6
 
 
 def _error_record(pool: Pool, error: InferenceError) -> int:
@@ -242,14 +246,15 @@ class BlsService:
 
     def start(self, process: StubProcess, message: IPCMessage) -> None:
         """Starts one call. One its target can take with no thread waiting (see
-        Server.submit_response) is answered by the target instance's completion thread; any
-        other is handed, as read, to a BLS thread."""
+        Server.submit_response) is answered from here if it comes within BLS_LINGER_S, else by
+        the target instance's completion thread; any other is handed, as read, to a BLS thread."""
         pool, record = process.pool, message.args
         try:
             server, call = self._call(pool, record)
             timeout = call.pop("timeout")  # only a waiting thread can give up on time
             done = functools.partial(self._respond, process, message, call["name"])
-            if timeout is None and server.submit_response(**call, done=done):
+            linger = BLS_LINGER_S if not len(process.calls) else 0.0  # nothing else of the stub's waits
+            if timeout is None and server.submit_response(**call, done=done, linger=linger):
                 pool.free(record)  # the inputs are in the target's pool now
                 return
         except Exception as e:  # noqa: BLE001  (the caller must always get an answer)

@@ -374,11 +374,12 @@ class ModelInstance:
 
     def submit(self, tensors: list[tuple[str, Any, int]], outputs: Sequence[str | RegionDestination], request_id: str,
                parameters: str, correlation_id: int | str, flags: int,
-               done: Callable[[ExecuteResult | InferenceError], None]) -> None:
+               done: Callable[[ExecuteResult | InferenceError], None], linger: float = 0.0) -> None:
         """Sends one request to this READY instance with no thread waiting for it: `done` gets
         its outcome from the stub process's completion thread, or from whoever fails the message
         when the stub dies (a response the model sends through its sender is waited for on a
-        thread of its own). Raises InferenceError when it cannot be sent."""
+        thread of its own); or from this thread, when it comes within `linger` seconds (see
+        StubProcess.submit). Raises InferenceError when it cannot be sent."""
         process = self.process
         sent = time.monotonic_ns()
 
@@ -396,7 +397,8 @@ class ModelInstance:
                 return
             done(outcome)
 
-        self._send(process, tensors, outputs, request_id, parameters, correlation_id, flags, None, replied, None, True)
+        self._send(process, tensors, outputs, request_id, parameters, correlation_id, flags, None, replied, None, True,
+                   linger=linger)
 
     def _deferred(self, process: StubProcess, record: int, stream: ResponseStream, sent: int,
                   done: Callable[[ExecuteResult | InferenceError], None]) -> None:
@@ -470,15 +472,17 @@ class ModelInstance:
               outputs: Sequence[str | RegionDestination],
               request_id: str, parameters: str, correlation_id: int | str, flags: int, timeout: float | None,
               on_reply: Callable[..., None] | None, timeout_us: int | None = None,
-              with_record: bool = False, loop: asyncio.AbstractEventLoop | None = None) -> tuple[IPCMessage, int]:
+              with_record: bool = False, loop: asyncio.AbstractEventLoop | None = None,
+              linger: float = 0.0) -> tuple[IPCMessage, int]:
         """Writes the request record and queues its Execute message; `on_reply` is called as
-        StubProcess.submit says (`loop` too), or as ``on_reply(message, record)`` with `with_record`."""
+        StubProcess.submit says (`loop` and `linger` too), or as ``on_reply(message, record)``
+        with `with_record`."""
         record = self.write_request(process, tensors, outputs, request_id, parameters, correlation_id, flags,
                                      timeout, timeout_us, process.next_serial())
         if with_record and on_reply is not None:
             on_reply = functools.partial(on_reply, record=record)  # known before the stub can answer
         try:
-            return process.submit(Command.EXECUTE_REQUEST, record, timeout, on_reply, with_record, loop), record
+            return process.submit(Command.EXECUTE_REQUEST, record, timeout, on_reply, with_record, loop, linger), record
         except (TimeoutError, _core.CoreError) as e:
             process.pool.free(record)
             raise InferenceError("UNAVAILABLE", f"cannot send the request to instance '{self.name}': {e}") from None

@@ -406,9 +406,10 @@ class LoadedModel(Retirable):
 
     def _submit(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
                 model_version: str | int, parameters: str, request_id: str, correlation_id: int | str, flags: int, *,
-                done: Callable[[InferResponse | InferenceError], None]) -> bool:
+                done: Callable[[InferResponse | InferenceError], None], linger: float = 0.0) -> bool:
         """Starts one request with no thread waiting for it: `done` gets its response or error,
-        once, from the instance's completion thread. False, with nothing started, when the
+        once, from the instance's completion thread (or from this thread, when the answer comes
+        within `linger` seconds: see StubProcess.submit). False, with nothing started, when the
         request needs a waiting thread: a queue, a sequence, a decoupled model, no READY
         instance. Raises InferenceError for a request refused before it started."""
         if self.decoupled or self.sequences is not None:
@@ -427,7 +428,7 @@ class LoadedModel(Retirable):
             raise
         answered = functools.partial(self._submitted, version, tensors, begin, request_id, done)
         try:
-            instance.submit(tensors, requested, request_id, parameters, correlation_id, flags, answered)
+            instance.submit(tensors, requested, request_id, parameters, correlation_id, flags, answered, linger)
         except InferenceError as e:
             self._failed(version, begin, BACKEND, e)
             raise

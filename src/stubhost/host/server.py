@@ -426,13 +426,14 @@ class Server:
     def submit_response(self, name: str, inputs: Mapping[str, Any], *, done: Callable[[InferResponse | InferenceError], None],
                         outputs: Sequence[str] | None = None, model_version: str | int = "",
                         parameters: Mapping[str, Any] | None = None, request_id: str = "",
-                        correlation_id: int | str = 0, flags: int = 0) -> bool:
+                        correlation_id: int | str = 0, flags: int = 0, linger: float = 0.0) -> bool:
         """Starts ``infer_response`` with no thread waiting: `done` gets the response or error from
-        the instance's completion thread. False, with nothing started, when the request needs a
-        waiting thread (an ensemble, a queue, a sequence...): call ``infer_response`` then."""
+        the instance's completion thread, or from this thread before returning when it comes
+        within `linger` seconds. False, with nothing started, when the request needs a waiting
+        thread (an ensemble, a queue, a sequence...): call ``infer_response`` then."""
         model, params, _ = self._prepare(name, inputs, outputs, parameters, None, correlation_id, flags)
         return isinstance(model, LoadedModel) and model.submit(inputs, outputs, model_version, params, request_id,
-                                                                correlation_id, flags, done=done)
+                                                                correlation_id, flags, done=done, linger=linger)
 
     def output_classes(self, name: str) -> OutputClasses:
         """What classifying the model's outputs needs: its batching and its outputs' labels."""

@@ -161,7 +161,7 @@ class StubProcess:
     # ---- commands --------------------------------------------------------------------------------
     def submit(self, command: Command, args: int, timeout: float | None,
                on_reply: Callable[..., None] | None = None, pass_message: bool = False,
-               loop: asyncio.AbstractEventLoop | None = None) -> IPCMessage:
+               loop: asyncio.AbstractEventLoop | None = None, linger: float = 0.0) -> IPCMessage:
         """Sends one inline-reply command; the caller waits on it and then calls ``finish``.
 
         With `on_reply`, the caller does not wait in a thread: `on_reply` is called once the
@@ -169,11 +169,15 @@ class StubProcess:
         called from `loop`'s thread when `loop` (the event loop running in the calling thread)
         listens to this stub's doorbell (or from the completion thread's poll, within
         COMPLETION_POLL_S, if that loop stops); otherwise from the completion thread; and from
-        whoever fails the message when the stub dies.
+        whoever fails the message when the stub dies. With `linger` (seconds) and no doorbell,
+        the calling thread first waits that long and, if the answer came, calls `on_reply`
+        itself before returning: a quick answer then costs no other thread's wake-up.
         """
         ring = on_reply is not None and loop is not None and self.doorbell.listen(loop)
+        lingering = linger > 0 and on_reply is not None and not ring
         # Positional arguments: pybind11's keyword path costs about a microsecond a call.
-        message = IPCMessage.create(self.pool, command, args, 0, True, on_reply is not None and not ring, ring)
+        message = IPCMessage.create(self.pool, command, args, 0, True, on_reply is not None and not (ring or lingering),
+                                    ring)
         if on_reply is not None:
             self.waiters[message.handle] = functools.partial(on_reply, message) if pass_message else on_reply
             if ring:
@@ -191,7 +195,16 @@ class StubProcess:
             message.release()
             message.release()  # never delivered: the stub's reference is ours to drop
             raise TimeoutError(f"the queue of stub '{self.instance_name}' stayed full")
+        elif lingering:
+            self._linger(message, linger)
         return message
+
+    def _linger(self, message: IPCMessage, within: float) -> None:
+        """Waits up to `within` for the answer to a message sent without notification, and
+        hands it over here; past that, the stub is told to notify (the completion thread then
+        hands it over), unless the answer came meanwhile."""
+        if message.wait_reply(within) or message.set_notify(True):
+            self._notify(message.handle)  # a second hand-over (the health monitor's) finds no waiter
 
     def finish(self, message: IPCMessage) -> tuple[int, int]:
         """(status, reply_args) of an answered message, which is then released."""
