@@ -8,8 +8,9 @@ answered with an error response: the model sees it as ``response.error()``.
 
 A call to a plain model (no queue, no sequence, not decoupled, no timeout) is started by the
 stub's calls thread itself, which lingers a moment for a quick answer; a later one is answered
-by the target instance's completion thread, so no thread waits for it. Other calls run on a thread pool of their own: the calls thread only hands
-them over, so a slow target never holds up the responses the same stub streams meanwhile.
+by the target instance's completion thread, so no thread waits for it. Other calls run on a
+thread pool of their own: the calls thread only hands them over, so a slow target never holds
+up the responses the same stub streams meanwhile.
 """
 
 from __future__ import annotations
