@@ -23,8 +23,8 @@ no worse. On a 2-core machine perf_analyzer, the server and its stubs share the 
 ratios of one run, not absolute figures across runs.
 
 --with-ceiling adds a third server, fixed_answer_server.py: the same front-end stack (grpcio's
-asyncio server, uvicorn + httptools, uvloop) answering every call with a prepared response and
-running no model. Its figures are the most any server on that stack can reach here; the ratio
+asyncio server, uvicorn's Server with stubhost's HTTP protocol, uvloop) answering every call with
+a prepared response and running no model. Its figures are the most any server on that stack can reach here; the ratio
 peer / ceiling above 1 means the bar cannot be met without another front-end stack.
 
 Usage: python3 benchmarks/bench_scheduling.py [--with-triton | --url H:P --grpc-url H:P] [--with-ceiling]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The ceiling of stubhost's front-end stack: a KServe v2 server on the same stack (grpcio's
-asyncio server, uvicorn with httptools, on uvloop) that runs no model. Every infer call is
+asyncio server; uvicorn's Server with stubhost's HTTP protocol, on uvloop) that runs no model. Every infer call is
 answered with bytes prepared at start-up (zeros in each output's configured shape, batch 1 for a
 model that batches), without looking at the request beyond the protobuf parse (stubhost's front end parses it too).
 Metadata, config and readiness come from the
@@ -29,6 +29,7 @@ from google.protobuf import json_format
 from stubhost.config import config_dtype_to_triton, config_to_dict, fill_defaults, load_config_file
 from stubhost.server import grpc_service_pb2 as pb
 from stubhost.server.grpc_methods import generic_handler
+from stubhost.server.http_protocol import HttpProtocol
 from tritonclient.utils import triton_to_np_dtype
 
 
@@ -143,7 +144,7 @@ async def serve(repository: Path, http_port: int, grpc_port: int) -> None:
     server.add_generic_rpc_handlers((generic_handler(grpc_behaviors(models)),))
     server.add_insecure_port(f"127.0.0.1:{grpc_port}")
     await server.start()
-    config = uvicorn.Config(http_app(models), host="127.0.0.1", port=http_port, loop="none", http="httptools",
+    config = uvicorn.Config(http_app(models), host="127.0.0.1", port=http_port, loop="none", http=HttpProtocol,
                             lifespan="off", access_log=False, log_level="warning")
     print(f"fixed-answer server: {len(models)} models, HTTP {http_port}, gRPC {grpc_port}", flush=True)
     await uvicorn.Server(config).serve()

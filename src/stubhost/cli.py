@@ -28,6 +28,7 @@ from stubhost.host.server import Server
 from stubhost.logs import UNESCAPED, add_log_arguments, configure_logging, flag_bool
 from stubhost.server.grpc_app import create_grpc_server
 from stubhost.server.http_app import DEFAULT_MAX_BODY, HttpFrontend
+from stubhost.server.http_protocol import HttpProtocol
 from stubhost.server.backend_config import parse_backend_config
 from stubhost.server.metrics import MetricsApp
 from stubhost.server.restricted import Restrictions
@@ -161,8 +162,9 @@ class _Uvicorn(uvicorn.Server):
 async def _start_asgi(app: Any, sock: socket.socket, args: argparse.Namespace) -> tuple[_Uvicorn, asyncio.Task[None]]:
     # proxy_headers off: the app never reads the client's address or scheme, so uvicorn's
     # X-Forwarded-* middleware would only cost every request a pass over its headers.
-    config = uvicorn.Config(app, loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
-                            log_level="warning", timeout_graceful_shutdown=args.exit_timeout_secs,
+    # Each connection runs stubhost's HttpProtocol; uvicorn's Server keeps the socket and the stop.
+    config = uvicorn.Config(app, loop="none", http=HttpProtocol, ws="none", lifespan="off", access_log=False,
+                            log_config=None, log_level="warning", timeout_graceful_shutdown=args.exit_timeout_secs,
                             proxy_headers=False)
     server = _Uvicorn(config)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
