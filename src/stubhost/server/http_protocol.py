@@ -41,11 +41,17 @@ def _status_line(status: int) -> bytes:
     return _STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status
 
 
+def _closing_reply(status: int, text: bytes) -> bytes:
+    """A whole plain-text response after which the server closes the connection."""
+    return (_status_line(status) + b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n%s" % (len(text), text))
+
+
 class _Exchange:
     """One request on a connection and the ASGI ``receive``/``send`` of its response."""
 
     __slots__ = ("conn", "scope", "chunks", "buffered", "complete", "delivered", "waiter", "expect_continue",
-                 "keep_alive", "head", "chunked", "remaining", "finished")
+                 "keep_alive", "head", "head_only", "chunked", "remaining", "finished")
 
     def __init__(self, conn: HttpProtocol, scope: dict[str, Any], keep_alive: bool, expect_continue: bool) -> None:
         self.conn = conn
@@ -58,6 +64,7 @@ class _Exchange:
         self.expect_continue = expect_continue
         self.keep_alive = keep_alive
         self.head: bytes | None = None  # the status line and headers, sent with the first body chunk
+        self.head_only = scope["method"] == "HEAD"  # its answer has no body
         self.chunked = False
         self.remaining: int | None = None  # body bytes the response still owes its Content-Length
         self.finished = False
@@ -114,7 +121,7 @@ class _Exchange:
         if self.head:
             out.append(self.head)
             self.head = b""  # sent
-        if self.scope["method"] == "HEAD":
+        if self.head_only:
             body = b""
         if self.chunked:
             if body:
@@ -141,7 +148,7 @@ class _Exchange:
 
     def _start(self, message: dict[str, Any]) -> None:
         status = message["status"]
-        head_only = self.scope["method"] == "HEAD"
+        head_only = self.head_only
         lines = [_status_line(status)]
         for name, value in message.get("headers", ()):
             lower = name.lower()
@@ -237,9 +244,7 @@ class HttpProtocol(asyncio.Protocol):
             exchange.keep_alive = False
         if not self.pending or cut:
             if bad_request and (running is None or running.head is None):  # nothing of an answer sent yet
-                message = b"Invalid HTTP request received."
-                self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                                     b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(message), message))
+                self.transport.write(_closing_reply(400, b"Invalid HTTP request received."))
             self.transport.close()
 
     def pause_writing(self) -> None:
@@ -362,9 +367,7 @@ class HttpProtocol(asyncio.Protocol):
         if exchange.finished or self.closed:
             return
         if not exchange.head_sent:
-            body = b"Internal Server Error"
-            self.transport.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                                 b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+            self.transport.write(_closing_reply(500, b"Internal Server Error"))
         exchange.finished = True
         exchange.keep_alive = False
         self.response_done(exchange)
