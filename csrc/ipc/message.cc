@@ -41,10 +41,12 @@ void IPCMessage::reply(uint32_t status, uint64_t reply_args) {
   }
   m_->reply_status = status;
   m_->reply_args = reply_args;
-  // SYNC POINT WRITE: post() releases the two fields above to the waiter, and the store of 2
-  // releases them to answered() readers.
-  m_->reply_ready.post();
+  // SYNC POINT WRITE: the store of 2 releases the two fields above to answered() readers, and
+  // post() releases them (and the 2) to the waiter. The 2 goes first: a waiter that wait_reply()
+  // lets go must already find the message answered, or a caller that checks answered() after its
+  // wait takes the reply for someone else's and leaves it to a slow poll.
   m_->replied.store(2, std::memory_order_release);
+  m_->reply_ready.post();
 }
 
 bool IPCMessage::notify() const noexcept {

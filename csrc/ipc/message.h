@@ -98,7 +98,8 @@ class IPCMessage {
   void reply(uint32_t status, uint64_t reply_args);
   /// Drops this holder's reference; frees the message when it was the last one.
   void release();
-  /// Waits for reply() (sender side). Returns false on timeout.
+  /// Waits for reply() (sender side). Returns false on timeout; once it returns true, answered()
+  /// is true too.
   bool wait_reply(const Deadline& deadline);
   /// True once the reply is complete. Unlike wait_reply(), it consumes nothing, so any number of
   /// threads may ask (wait_reply takes the one wake-up the reply posts).

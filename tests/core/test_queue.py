@@ -152,3 +152,28 @@ def test_message_reply_is_once_and_release_frees_after_both_holders(pool):
     assert pool.used_bytes > base
     responder.release()
     assert pool.used_bytes == base
+
+
+def test_a_reply_that_wait_reply_lets_through_is_already_answered(pool, spawn):
+    # The parent hands an answer over from whichever thread sees it first and treats a message
+    # that is not `answered` as someone else's; a waiter woken before `answered` turned true left
+    # BLS replies to the completion thread's 0.1 s poll. Sleeping waits (no spin) widen the window
+    # in which the wake-up and the flag could disagree.
+    count = 3000
+    queue = _core.MessageQueue.create(pool, 8)
+    proc = spawn.Process(target=workers.answer_messages, args=(pool.name, queue.handle, count))
+    proc.start()
+    old = _core.spin_budget()
+    _core.set_spin_budget(0)
+    try:
+        for i in range(count):
+            message = _core.IPCMessage.create(pool, _core.Command.PING, 0, i, True)
+            assert queue.push(message.handle, timeout=20)
+            assert message.wait_reply(timeout=20)
+            assert message.answered, f"message {i} woke its waiter before it was answered"
+            assert message.reply_args == i
+            message.release()
+    finally:
+        _core.set_spin_budget(old)
+        proc.join(20)
+    assert proc.exitcode == 0

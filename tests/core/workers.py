@@ -115,3 +115,13 @@ def post_semaphore(pool_name: str, handle: int, times: int) -> None:
 def kill_self() -> None:
     """Die by SIGKILL (no cleanup of any kind)."""
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def answer_messages(pool_name: str, queue_handle: int, count: int) -> None:
+    """Answer `count` inline-reply messages whose handles arrive on a queue, as a stub does."""
+    pool = _core.Pool.attach(pool_name)
+    queue = _core.MessageQueue.attach(pool, queue_handle)
+    for i in range(count):
+        message = _core.IPCMessage.attach(pool, queue.pop(timeout=20))
+        message.reply(0, i)
+        message.release()
