@@ -243,7 +243,8 @@ class BlsService:
         if response.empty:
             return _core.write_record(pool, _RESPONSE, 0, (0, 0, flags | RESPONSE_EMPTY), ("", "{}"), ())
         outputs = [(name, array, _dtype(array)) for name, array in response.outputs.items()]
-        return _core.write_record(pool, _RESPONSE, 0, (0, 0, flags), ("", json.dumps(response.parameters)), outputs)
+        parameters = json.dumps(response.parameters) if response.parameters else "{}"
+        return _core.write_record(pool, _RESPONSE, 0, (0, 0, flags), ("", parameters), outputs)
 
     def start(self, process: StubProcess, message: IPCMessage) -> None:
         """Starts one call. One its target can take with no thread waiting (see
@@ -332,7 +333,7 @@ class BlsService:
             raise InferenceError("INVALID_ARG", "malformed BLS request: not a BLS request record")
         request_id, parameters, corr_text, model_name, version = strings[:BLS_FIXED_STRINGS]
         try:
-            params: Any = json.loads(parameters) if parameters else {}
+            params: Any = json.loads(parameters) if parameters and parameters != "{}" else {}
         except ValueError:
             params = None
         if not isinstance(params, dict):
