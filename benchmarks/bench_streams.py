@@ -6,7 +6,8 @@ Measured in one run, on the same machine, cases interleaved across runs:
      stub round trip every other figure is compared with).
   b. BLS call: inside a model's execute, pb_utils.InferenceRequest(model_name="add_sub",
      ...).exec(), timed by the calling model around each exec() (model -> parent -> add_sub's
-     stub -> parent -> model). Bar: (b) <= 2.0 x (a), medians.
+     stub -> parent -> model). Bar: (b) <= 2.0 x (a), medians. Also, without a bar, the same
+     call to "add_sub_pair", add_sub with two instances (so its requests go through a queue).
   c. decoupled stream of 100 responses from the example model "repeat" (one response per
      element of IN, sent from a worker thread): time to first response, and the cost per
      response after the first ((last - first) / 99). Bar: per response <= 2.0 x (a).
@@ -76,9 +77,13 @@ def make_repository(root: Path) -> Path:
     repo = root / "models"
     for name in ("add_sub", "repeat"):
         shutil.copytree(EXAMPLES / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
-    (repo / "bls_loop" / "1").mkdir(parents=True)
-    (repo / "bls_loop" / "config.pbtxt").write_text(textwrap.dedent(BLS_LOOP_CONFIG))
-    (repo / "bls_loop" / "1" / "model.py").write_text(textwrap.dedent(BLS_LOOP_PY))
+    shutil.copytree(repo / "add_sub", repo / "add_sub_pair")
+    pair_config = (repo / "add_sub" / "config.pbtxt").read_text().replace('name: "add_sub"', 'name: "add_sub_pair"')
+    (repo / "add_sub_pair" / "config.pbtxt").write_text(pair_config + "\ninstance_group [{ count: 2, kind: KIND_CPU }]\n")
+    for loop, target in (("bls_loop", "add_sub"), ("bls_pair", "add_sub_pair")):
+        (repo / loop / "1").mkdir(parents=True)
+        (repo / loop / "config.pbtxt").write_text(textwrap.dedent(BLS_LOOP_CONFIG).replace("bls_loop", loop))
+        (repo / loop / "1" / "model.py").write_text(textwrap.dedent(BLS_LOOP_PY).replace('"add_sub"', f'"{target}"'))
     return repo
 
 
@@ -88,9 +93,9 @@ def direct(server: stubhost.Server, iterations: int, warmup_s: float) -> np.ndar
     return time_series(lambda i: server.infer("add_sub", inputs), iterations, warmup_s, 30.0, no_gc=True)
 
 
-def bls(server: stubhost.Server, iterations: int) -> np.ndarray:
-    server.infer("bls_loop", {"CALLS": np.array([200], np.int32)})  # warm-up
-    samples = server.infer("bls_loop", {"CALLS": np.array([iterations], np.int32)}, timeout=120)["NS"]
+def bls(server: stubhost.Server, iterations: int, loop: str = "bls_loop") -> np.ndarray:
+    server.infer(loop, {"CALLS": np.array([200], np.int32)})  # warm-up
+    samples = server.infer(loop, {"CALLS": np.array([iterations], np.int32)}, timeout=120)["NS"]
     return np.asarray(samples, dtype=np.int64).copy()
 
 
@@ -125,7 +130,8 @@ def main() -> int:
     machine_facts()
     print(f"stubhost {stubhost.__version__}; {runs} run(s); {iterations} direct/BLS calls and {streams} "
           f"streams of {STREAM_LENGTH} per run\n")
-    results: dict[str, list[tuple[np.ndarray, bool]]] = {"direct": [], "bls": [], "first": [], "per": []}
+    results: dict[str, list[tuple[np.ndarray, bool]]] = {"direct": [], "bls": [], "bls_pair": [], "first": [],
+                                                         "per": []}
     with tempfile.TemporaryDirectory(prefix="bench_streams_") as tmp:
         repo = make_repository(Path(tmp))
         for _ in range(runs):
@@ -134,10 +140,13 @@ def main() -> int:
                 results["direct"].append((samples, load >= DISTURBED))
                 samples, load = measured(bls, server, iterations)
                 results["bls"].append((samples, load >= DISTURBED))
+                samples, load = measured(bls, server, iterations, "bls_pair")
+                results["bls_pair"].append((samples, load >= DISTURBED))
                 (first, per), load = measured(stream, server, streams)
                 results["first"].append((first, load >= DISTURBED))
                 results["per"].append((per, load >= DISTURBED))
     rows = [("direct", "direct infer add_sub (in-process)"), ("bls", "BLS exec() add_sub, from a model"),
+            ("bls_pair", "BLS exec() add_sub with 2 instances"),
             ("first", f"stream of {STREAM_LENGTH}: first response"), ("per", "stream: per response after the first")]
     medians = {}
     print(f"{'case':44} {'unit':>4} {'median':>9} {'p99':>9}   per run")

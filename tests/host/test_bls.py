@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -182,6 +183,10 @@ class TritonPythonModel:
 TARGET_CONFIG = dict(inputs=[io("INPUT0", "TYPE_FP32", [4]), io("INPUT1", "TYPE_FP32", [4])],
                      outputs=[io("OUTPUT0", "TYPE_FP32", [4])])
 
+# The inputs and outputs of add_sub (a copy of its model.py under another name).
+CALLER_TARGET_IO = dict(inputs=[io("INPUT0", "TYPE_FP32", [4]), io("INPUT1", "TYPE_FP32", [4])],
+                        outputs=[io("OUTPUT0", "TYPE_FP32", [4]), io("OUTPUT1", "TYPE_FP32", [4])])
+
 CALLER_CONFIG = dict(inputs=[io("X", "TYPE_FP32", [4])],
                      outputs=[io("SUM", "TYPE_FP32", [4]), io("ERROR", "TYPE_STRING", [1])])
 
@@ -308,6 +313,63 @@ def test_statistics_count_bls_calls_on_the_target(server: stubhost.Server) -> No
 
 def bls_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("stubhost-bls")}
+
+
+# A target with a queue: one instance that takes 0.5 s, and room for one request waiting.
+GATE_PY = '''
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.5)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", np.full(4, 7, np.float32))])
+                for _ in requests]
+'''
+
+
+def test_calls_to_models_with_a_queue_are_answered_without_a_bls_thread(tmp_path: Path) -> None:
+    repo = copy_examples(tmp_path / "models", "add_sub")
+    write_model(repo, "caller", CALLER_PY, config_pbtxt("caller", **CALLER_CONFIG))
+    add_sub = (repo / "add_sub" / "1" / "model.py").read_text()
+    write_model(repo, "pair", add_sub, config_pbtxt("pair", **CALLER_TARGET_IO,
+                                                    extra="instance_group [{ count: 2, kind: KIND_CPU }]"))
+    write_model(repo, "batched", add_sub, config_pbtxt("batched", **CALLER_TARGET_IO, extra="dynamic_batching { }"))
+    write_model(repo, "sender_pair", SENDER_TARGET_PY, config_pbtxt(
+        "sender_pair", **TARGET_CONFIG, extra="instance_group [{ count: 2, kind: KIND_CPU }]"))
+    write_model(repo, "gate", GATE_PY, config_pbtxt(
+        "gate", **TARGET_CONFIG, extra="dynamic_batching { default_queue_policy { max_queue_size: 1 } }"))
+    x = np.arange(4, dtype=np.float32)
+    with stubhost.Server(repo) as server, ThreadPoolExecutor(2) as pool:
+        def successes(model: str) -> int:
+            return server.statistics(model)["model_stats"][0]["inference_stats"]["success"]["count"]
+
+        idle_bls_threads = bls_threads()  # other servers' (this module's fixture runs one)
+        for target in ("pair", "batched"):
+            before = successes(target)
+            for _ in range(20):
+                total, names = call(server, target=target)
+                np.testing.assert_array_equal(total, x + 1)
+                assert names == "OUTPUT0,OUTPUT1"
+            assert successes(target) == before + 20
+        # A target that answers through its sender is waited for (on a thread of its own).
+        total, names = call(server, target="sender_pair")
+        np.testing.assert_array_equal(total, x * 10)
+        # A full queue refuses the call; the caller gets the reason in its response.
+        running = pool.submit(server.infer, "gate", {"INPUT0": x, "INPUT1": x})
+        time.sleep(0.15)
+        waiting = pool.submit(server.infer, "gate", {"INPUT0": x, "INPUT1": x})
+        assert wait_until(lambda: server._models["gate"].schedulers[1].queued() == 1, 5.0)
+        _, error = call(server, target="gate")
+        assert "Exceeds maximum queue size" in error
+        for future in (running, waiting):
+            assert future.result(30)["OUTPUT0"].tolist() == [7] * 4
+        total, _ = call(server, target="gate")  # the queue has room again
+        assert total.tolist() == [7] * 4
+        assert bls_threads() == idle_bls_threads
 
 
 def test_many_bls_calls_leave_the_pools_as_they_were(tmp_path: Path) -> None:

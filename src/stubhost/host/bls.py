@@ -6,11 +6,12 @@ on any loaded model (another instance of the caller included), and answered with
 record written into the caller's pool, so the caller's outputs are views too. A failed call is
 answered with an error response: the model sees it as ``response.error()``.
 
-A call to a plain model (no queue, no sequence, not decoupled, no timeout) is started by the
-stub's calls thread itself, which lingers a moment for a quick answer; a later one is answered
-by the target instance's completion thread, so no thread waits for it. Other calls run on a
-thread pool of their own: the calls thread only hands them over, so a slow target never holds
-up the responses the same stub streams meanwhile.
+A call to a model that is neither decoupled nor a sequence, with no timeout, is started by the
+stub's calls thread itself, which lingers a moment for a quick answer when its request runs at
+once; a later one is answered by the target instance's completion thread (or, for a model with
+a queue, by whoever settles the request: that thread, the queue's timer, an unload), so no
+thread waits for it. Other calls run on a thread pool of their own: the calls thread only hands
+them over, so a slow target never holds up the responses the same stub streams meanwhile.
 """
 
 from __future__ import annotations

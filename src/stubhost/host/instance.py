@@ -392,13 +392,18 @@ class ModelInstance:
                 return
             outcome = self.outcomes(process, message, [record], sent)[0]
             if isinstance(outcome, ResponseStream):
-                threading.Thread(target=self._deferred, args=(process, record, outcome, sent, done),
-                                 name=f"stubhost-sender-{self.name}", daemon=True).start()
+                self.answer_later(process, record, outcome, sent, done)
                 return
             done(outcome)
 
         self._send(process, tensors, outputs, request_id, parameters, correlation_id, flags, None, replied, None, True,
                    linger=linger)
+
+    def answer_later(self, process: StubProcess, record: int, stream: ResponseStream, sent: int,
+                     done: Callable[[ExecuteResult | InferenceError], None]) -> None:
+        """Hands `done`, from a thread of its own, the response a request's sender sends."""
+        threading.Thread(target=self._deferred, args=(process, record, stream, sent, done),
+                         name=f"stubhost-sender-{self.name}", daemon=True).start()
 
     def _deferred(self, process: StubProcess, record: int, stream: ResponseStream, sent: int,
                   done: Callable[[ExecuteResult | InferenceError], None]) -> None:

@@ -408,23 +408,30 @@ class LoadedModel(Retirable):
                 model_version: str | int, parameters: str, request_id: str, correlation_id: int | str, flags: int, *,
                 done: Callable[[InferResponse | InferenceError], None], linger: float = 0.0) -> bool:
         """Starts one request with no thread waiting for it: `done` gets its response or error,
-        once, from the instance's completion thread (or from this thread, when the answer comes
-        within `linger` seconds: see StubProcess.submit). False, with nothing started, when the
-        request needs a waiting thread: a queue, a sequence, a decoupled model, no READY
-        instance. Raises InferenceError for a request refused before it started."""
+        once, from the instance's completion thread or whoever settles it in the version's queue
+        (or from this thread, when the answer comes within `linger` seconds: see
+        StubProcess.submit). False, with nothing started, when the request needs a waiting
+        thread: a sequence, a decoupled model, no READY instance (without a queue). Raises
+        InferenceError for a request refused before it started."""
         if self.decoupled or self.sequences is not None:
             return False
         begin = time.monotonic_ns()
         version: int | None = None
+        stage: Ticket | str = OTHER  # where it is, for the reason of a failure
         try:
             version = self.resolve_version(model_version)
-            if version in self.schedulers:
-                return False
+            scheduler = self.schedulers.get(version)
+            if scheduler is not None:
+                ticket = stage = self._ticket(inputs, outputs, parameters, request_id, correlation_id, flags, None, 0,
+                                              begin)
+                scheduler.start(ticket, functools.partial(self._submitted, version, ticket.tensors, begin, request_id,
+                                                          done, ticket=ticket), linger)
+                return True
             instance, tensors, requested = self._route(inputs, outputs, version, request_id, correlation_id, flags)
             if instance.state is not InstanceState.READY:
                 return False
         except InferenceError as e:
-            self._failed(version, begin, OTHER, e)
+            self._failed(version, begin, stage, e)
             raise
         answered = functools.partial(self._submitted, version, tensors, begin, request_id, done)
         try:
@@ -436,14 +443,15 @@ class LoadedModel(Retirable):
 
     def _submitted(self, version: int, tensors: list[tuple[str, Any, int]], begin: int, request_id: str,
                    done: Callable[[InferResponse | InferenceError], None],
-                   outcome: ExecuteResult | InferenceError) -> None:
-        """A submitted request was answered (completion thread)."""
+                   outcome: ExecuteResult | InferenceError, ticket: Ticket | None = None) -> None:
+        """A submitted request was answered (completion thread); `ticket`: through the queue."""
         try:
             if isinstance(outcome, InferenceError):
                 raise outcome
-            response: InferResponse | InferenceError = self._response(version, tensors, outcome, begin, request_id)
+            response: InferResponse | InferenceError = self._response(version, tensors, outcome, begin, request_id,
+                                                                      ticket)
         except InferenceError as e:
-            self._failed(version, begin, BACKEND, e)
+            self._failed(version, begin, ticket or BACKEND, e)
             response = e
         done(response)
 

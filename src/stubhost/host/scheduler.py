@@ -38,7 +38,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from stubhost import _core
@@ -88,13 +88,15 @@ class Scheduler:
         self._timer: threading.Thread | None = None
 
     # ---- the callers' side -----------------------------------------------------------------------
-    def submit(self, ticket: Ticket, own: bool = False) -> _Flight | None:
+    def submit(self, ticket: Ticket, own: bool = False, linger: float = 0.0) -> _Flight | None:
         """Queues a request (its ``wake`` set already) and dispatches what can go now. Raises
         InferenceError UNAVAILABLE when its level's queue is full or the model is unloading.
 
         With `own`, a batch that takes the request at once is sent without a completion
         callback and returned: the calling thread waits for its reply itself and hands it to
-        ``_executed`` (one thread wake-up less than going through the completion thread)."""
+        ``_executed`` (one thread wake-up less than going through the completion thread).
+        With `linger` (seconds), the calling thread waits that long for the reply of a batch
+        that takes the request at once, and settles it itself when it comes (StubProcess.submit)."""
         level = self.levels[self._level_index(ticket.priority)]
         with self._lock:
             if self._stopped:
@@ -111,7 +113,25 @@ class Scheduler:
             if self.preserve_ordering:
                 self._order.append(ticket)
             batches = self._take_batches(now)
-        return self._send(batches, ticket if own else None)
+        return self._send(batches, ticket if own else None, ticket if linger > 0 else None, linger)
+
+    def start(self, ticket: Ticket, done: Callable[[ExecuteResult | InferenceError], None],
+              linger: float = 0.0) -> None:
+        """Queues a request that no thread waits for: `done` gets its outcome from whoever
+        settles it (the instance's completion thread, the queue's timer, an unload), or from this
+        thread when it comes within `linger` seconds. A model that answers through the request's
+        sender is waited for on a thread of its own. Raises as ``submit`` does, and then `done`
+        is never called."""
+        def settled() -> None:
+            outcome = ticket.outcome
+            if isinstance(outcome, ResponseStream):
+                assert ticket.instance is not None and ticket.process is not None
+                ticket.instance.answer_later(ticket.process, ticket.record, outcome, ticket.sent, done)
+            else:
+                done(outcome)  # type: ignore[arg-type]  (a RequestStream only for decoupled models)
+
+        ticket.wake = settled
+        self.submit(ticket, linger=linger)
 
     def withdraw(self, ticket: Ticket, keep_settled: bool = False) -> int:
         """The caller gave up on a request (it timed out or was cancelled); returns the state it
@@ -198,17 +218,23 @@ class Scheduler:
             return count
         return 0
 
-    def _send(self, batches: list[tuple[ModelInstance, list[Ticket]]], own: Ticket | None = None) -> _Flight | None:
+    def _send(self, batches: list[tuple[ModelInstance, list[Ticket]]], own: Ticket | None = None,
+              lingering: Ticket | None = None, linger: float = 0.0) -> _Flight | None:
         flight = None
-        for instance, batch in batches:
+        for index, (instance, batch) in enumerate(batches):
             waited = own is not None and not self.decoupled and any(t is own for t in batch)
-            sent = self._dispatch(instance, batch, waited)
+            # Only the last batch may linger: one sent after it would wait for its reply.
+            wait = (linger if lingering is not None and index == len(batches) - 1
+                    and any(t is lingering for t in batch) else 0.0)
+            sent = self._dispatch(instance, batch, waited, wait)
             flight = sent if waited else flight
         return flight
 
-    def _dispatch(self, instance: ModelInstance, batch: list[Ticket], waited: bool = False) -> _Flight | None:
+    def _dispatch(self, instance: ModelInstance, batch: list[Ticket], waited: bool = False,
+                  linger: float = 0.0) -> _Flight | None:
         """Writes a batch into its instance's pool as one chain and sends its Execute; with
-        `waited`, without a completion callback, returning what the caller needs to wait."""
+        `waited`, without a completion callback, returning what the caller needs to wait; with
+        `linger`, waiting that long for a quick reply (see StubProcess.submit)."""
         process = instance.process
         pool = process.pool
         dispatched = time.monotonic_ns()
@@ -241,7 +267,7 @@ class Scheduler:
             loop = asyncio._get_running_loop()
             if loop is not None and any(t.loop is not loop for t in live):
                 loop = None
-            message = process.submit(Command.EXECUTE_REQUEST, records[0], None, on_reply, True, loop)
+            message = process.submit(Command.EXECUTE_REQUEST, records[0], None, on_reply, True, loop, linger)
         except (TimeoutError, _core.CoreError) as e:
             for record, stream in streams or ():
                 process.forget_stream(record, stream)

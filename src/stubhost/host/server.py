@@ -429,8 +429,9 @@ class Server:
                         correlation_id: int | str = 0, flags: int = 0, linger: float = 0.0) -> bool:
         """Starts ``infer_response`` with no thread waiting: `done` gets the response or error from
         the instance's completion thread, or from this thread before returning when it comes
-        within `linger` seconds. False, with nothing started, when the request needs a waiting
-        thread (an ensemble, a queue, a sequence...): call ``infer_response`` then."""
+        within `linger` seconds (a queued request: from whoever settles it). False, with nothing
+        started, when the request needs a waiting thread (an ensemble, a sequence, a decoupled
+        model...): call ``infer_response`` then."""
         model, params, _ = self._prepare(name, inputs, outputs, parameters, None, correlation_id, flags)
         return isinstance(model, LoadedModel) and model.submit(inputs, outputs, model_version, params, request_id,
                                                                 correlation_id, flags, done=done, linger=linger)
