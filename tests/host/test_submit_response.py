@@ -2,7 +2,8 @@
 
 Runs real stubs through the public API: the answer and the thread it comes from (the caller's
 own, when it lingers and the answer comes in time), an error response, requests refused before
-they start, the models that need a waiting thread, and many requests in flight at once.
+they start, a model with a queue, the models that need a waiting thread, and many requests in
+flight at once.
 """
 
 from __future__ import annotations
@@ -108,17 +109,31 @@ def test_a_request_refused_before_it_starts_raises_and_done_is_not_called(server
     assert answers.items == []
 
 
-def test_models_that_need_a_waiting_thread_start_nothing(server: stubhost.Server) -> None:
+def test_a_decoupled_model_needs_a_waiting_thread_and_starts_nothing(server: stubhost.Server) -> None:
     answers = Answers()
-    queued = server.statistics("add_sub_batched")["model_stats"][0]["inference_stats"]["success"]["count"]
-    assert server.submit_response("add_sub_batched", inputs(shape=(1, 4)), done=answers) is False
     stream = {"IN": np.arange(3, dtype=np.int32), "DELAY_MS": np.zeros(1, np.uint32)}
     assert server.submit_response("repeat", stream, done=answers) is False
     assert answers.items == []
-    assert server.statistics("add_sub_batched")["model_stats"][0]["inference_stats"]["success"]["count"] == queued
-    # ... and infer_response serves them as ever.
-    np.testing.assert_array_equal(server.infer("add_sub_batched", inputs(shape=(1, 4)))["OUTPUT0"],
-                                  np.full((1, 4), 2.0, np.float32))
+
+
+def test_a_model_with_a_queue_answers_through_done(server: stubhost.Server) -> None:
+    def successes() -> int:
+        return server.statistics("add_sub_batched")["model_stats"][0]["inference_stats"]["success"]["count"]
+
+    before = successes()
+    answers = Answers(50)
+    for i in range(50):
+        assert server.submit_response("add_sub_batched", inputs(float(i), shape=(1, 4)), done=answers) is True
+    sums = sorted(float(r.outputs["OUTPUT0"][0, 0]) for r in answers.wait() if isinstance(r, InferResponse))
+    assert sums == [i + 1.0 for i in range(50)]
+    assert answers.threads == {"stubhost-done-add_sub_batched_0_0"}
+    assert successes() == before + 50
+    # A batch sent at once is answered in the thread that lingers for it.
+    answers = Answers()
+    assert server.submit_response("add_sub_batched", inputs(shape=(1, 4)), done=answers, linger=5.0) is True
+    assert len(answers.items) == 1, "answered before submit_response returned"
+    assert answers.threads == {threading.current_thread().name}
+    np.testing.assert_array_equal(answers.items[0].outputs["OUTPUT0"], np.full((1, 4), 2.0, np.float32))
 
 
 def test_many_requests_in_flight_each_get_their_own_answer(server: stubhost.Server) -> None:
