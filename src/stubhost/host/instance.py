@@ -16,12 +16,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
 
 from stubhost import _core
 from stubhost._core import Command, IPCMessage, RecordKind
+from stubhost.host.answers import ExecuteResult, SenderAnswer, request_timeout
 from stubhost.host.doorbell import wake
 from stubhost.host.errors import InferenceError
 from stubhost.host.instance_spec import InstanceSpec, initialize_stub, load_error
@@ -43,72 +43,11 @@ _REQUEST = int(RecordKind.REQUEST)
 _RESPONSE = int(RecordKind.RESPONSE)
 
 
-class ExecuteResult(NamedTuple):
-    """What one request's response record held, and when it was sent and executed.
-
-    ``outputs`` are (name, dtype, array) with arrays viewing the pool; the instants are
-    CLOCK_MONOTONIC nanoseconds, ``exec_start``/``exec_end`` as the stub reported them.
-    """
-
-    outputs: list[tuple[str, int, np.ndarray]]
-    parameters: str
-    sent: int
-    exec_start: int
-    exec_end: int
-
-
 def _tell_cancelled(process: StubProcess, record: int) -> None:
     """Tells the stub its caller gave up the request in `record` (still held): ``is_cancelled()``."""
     with contextlib.suppress(_core.CoreError):
         if not process.dead:
             process.cancel(record, request_serial(process.pool, record))
-
-
-def _request_timeout(instance: str, timeout: float | None) -> InferenceError:
-    return InferenceError("UNAVAILABLE", f"Request timeout expired: instance '{instance}' did not answer within "
-                                         f"{timeout} s")
-
-
-class _SenderAnswer:
-    """Gathers the one response a default-mode model sends through its response sender."""
-
-    __slots__ = ("instance", "sent", "item", "error", "timeout", "deadline")
-
-    def __init__(self, instance: str, sent: int, timeout: float | None, deadline: float | None) -> None:
-        self.instance = instance
-        self.sent = sent
-        self.item: StreamItem | None = None
-        self.error: InferenceError | None = None
-        self.timeout = timeout
-        self.deadline = deadline  # time.monotonic() by which the answer must be in (None: no limit)
-
-    def remaining(self) -> float | None:
-        """Seconds left until the deadline."""
-        return None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
-
-    def take(self, item: StreamItem | None) -> ExecuteResult | None:
-        """Takes the next item (None: the time ran out); the answer once the final one is in."""
-        if item is None:
-            raise _request_timeout(self.instance, self.timeout)
-        return self.result() if self.add(item) else None
-
-    def add(self, item: StreamItem) -> bool:
-        """Takes one item; True once the final one is in."""
-        if item.error is not None:
-            self.error = self.error or item.error
-        elif item.outputs is not None and self.item is None:
-            self.item = item
-        return item.final
-
-    def result(self) -> ExecuteResult:
-        """The response, or the error the model (or its stub) sent."""
-        if self.error is not None:
-            raise self.error
-        if self.item is None:
-            raise InferenceError("INTERNAL", f"model instance '{self.instance}' sent no response for the request: "
-                                             "execute returned None for it and its response sender sent nothing")
-        return ExecuteResult(self.item.outputs, self.item.parameters, self.sent,  # type: ignore[arg-type]
-                             self.item.exec_start, self.item.exec_end)
 
 
 class RequestStream:
@@ -324,7 +263,7 @@ class ModelInstance:
                      timeout: float | None, deadline: float | None) -> ExecuteResult:
         """The one response a default-mode model sends through a request's sender (by
         `deadline`, a time.monotonic() instant; None: no limit)."""
-        answer = _SenderAnswer(self.name, sent, timeout, deadline)
+        answer = SenderAnswer(self.name, sent, timeout, deadline)
         try:
             while (result := answer.take(stream.next(answer.remaining()))) is None:
                 pass
@@ -335,7 +274,7 @@ class ModelInstance:
     async def await_sender_async(self, process: StubProcess, record: int, stream: ResponseStream, sent: int,
                                  timeout: float | None, deadline: float | None) -> ExecuteResult:
         """``await_sender`` for a coroutine."""
-        answer = _SenderAnswer(self.name, sent, timeout, deadline)
+        answer = SenderAnswer(self.name, sent, timeout, deadline)
         try:
             while (result := answer.take(await stream.next_async(answer.remaining()))) is None:
                 pass
@@ -530,7 +469,7 @@ class ModelInstance:
         process.abandon(message, record)
         if executing:
             self.mark_hung()
-        return _request_timeout(self.name, timeout)
+        return request_timeout(self.name, timeout)
 
     def _finish(self, process: StubProcess, message: IPCMessage, record: int,
                 sent: int) -> ExecuteResult | ResponseStream:

@@ -37,7 +37,8 @@ from stubhost.host.instance_groups import instance_placements
 from stubhost.host.errors import InferenceError
 from stubhost.host.versions import resolve_version
 from stubhost.host.inputs import RequestChecker
-from stubhost.host.instance import ExecuteResult, InstanceState, ModelInstance, RequestStream
+from stubhost.host.answers import ExecuteResult
+from stubhost.host.instance import InstanceState, ModelInstance, RequestStream
 from stubhost.host.instance_spec import InstanceSpec, load_error
 from stubhost.host.load_options import LoadOptions
 from stubhost.host.labels import OutputClasses, read_output_classes

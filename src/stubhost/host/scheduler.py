@@ -46,7 +46,8 @@ from stubhost._core import Command, IPCMessage
 from stubhost.config import ModelConfig
 from stubhost.host.doorbell import wake
 from stubhost.host.errors import InferenceError
-from stubhost.host.instance import ExecuteResult, InstanceState, ModelInstance, RequestStream
+from stubhost.host.answers import ExecuteResult
+from stubhost.host.instance import InstanceState, ModelInstance, RequestStream
 from stubhost.host.stats import BACKEND, CANCELED, OTHER, REJECTED
 from stubhost.host.streams import ResponseStream
 from stubhost.host.stub_process import StubProcess

@@ -11,7 +11,8 @@ from typing import Any
 
 from stubhost.config.model_config_pb2 import ModelQueuePolicy
 from stubhost.host.errors import InferenceError
-from stubhost.host.instance import ExecuteResult, ModelInstance, RequestStream
+from stubhost.host.answers import ExecuteResult
+from stubhost.host.instance import ModelInstance, RequestStream
 from stubhost.host.regions import RegionDestination
 from stubhost.host.stats import BACKEND
 from stubhost.host.streams import ResponseStream
