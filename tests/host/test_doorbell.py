@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import selectors
 import signal
 import threading
 from pathlib import Path
@@ -18,7 +19,8 @@ import numpy as np
 import pytest
 
 import stubhost
-from stubhost.host.doorbell import Doorbell
+from stubhost.host import doorbell
+from stubhost.host.doorbell import SPIN_BACKOFF, AnswerSpin, Doorbell
 from tests.host.repo_factory import SLEEPY_PY, config_pbtxt, instance, io, sleepy_config, wait_until, write_model
 
 
@@ -196,3 +198,127 @@ def test_a_closed_doorbell_leaves_no_registration_for_a_descriptor_that_reuses_i
 
     asyncio.run(run())
     assert rung == [0]
+
+
+# ---- AnswerSpin: the loop stays awake a moment for a quick answer ----------------------------------
+
+class _RecordingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    """The platform's selector, noting the timeout of every poll the loop makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float | None] = []
+
+    def select(self, timeout: float | None = None):  # type: ignore[no-untyped-def]
+        self.timeouts.append(timeout)
+        return super().select(timeout)
+
+
+def _run(coroutine_function, selector: selectors.BaseSelector | None = None):  # type: ignore[no-untyped-def]
+    loop = asyncio.SelectorEventLoop(selector)
+    try:
+        return loop.run_until_complete(coroutine_function())
+    finally:
+        loop.close()
+
+
+@pytest.fixture
+def slow_spin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spin long enough that a loaded machine cannot run it out in these tests."""
+    monkeypatch.setattr(doorbell, "LOOP_SPIN_S", 5.0)
+
+
+def test_a_spin_runs_the_loops_other_work_and_never_lets_it_sleep(slow_spin: None) -> None:
+    selector = _RecordingSelector()
+    steps: list[int] = []
+
+    async def main() -> None:
+        done = asyncio.get_running_loop().create_future()
+
+        async def other_work() -> None:
+            for i in range(20):
+                steps.append(i)
+                await asyncio.sleep(0)
+            doorbell.resolve(done)  # as the doorbell's callback does
+
+        worker = asyncio.ensure_future(other_work())
+        await asyncio.sleep(0)
+        selector.timeouts.clear()
+        spin = AnswerSpin()
+        await spin.wait(done, None)
+        assert done.done() and spin.skip == 0
+        await worker
+
+    _run(main, selector)
+    assert steps == list(range(20))
+    assert selector.timeouts and all(t == 0 for t in selector.timeouts), "the loop slept while a coroutine spun"
+
+
+def test_a_spin_in_vain_turns_spinning_off_for_the_next_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(doorbell, "LOOP_SPIN_S", 0.002)
+    selector = _RecordingSelector()
+
+    async def main() -> None:
+        done = asyncio.get_running_loop().create_future()
+        spin = AnswerSpin()
+        await spin.wait(done, None)  # nothing answers
+        assert not done.done() and spin.skip == SPIN_BACKOFF
+        selector.timeouts.clear()
+        for left in range(SPIN_BACKOFF - 1, -1, -1):
+            await spin.wait(done, None)
+            assert spin.skip == left
+        assert selector.timeouts == [], "a wait that should not spin yielded to the loop"
+        await spin.wait(done, None)  # spins again, and again in vain
+        assert spin.skip == SPIN_BACKOFF and selector.timeouts
+
+    _run(main, selector)
+
+
+def test_one_coroutine_per_loop_spins_and_a_short_timeout_never_does(slow_spin: None) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        first, second = loop.create_future(), loop.create_future()
+        spinning = asyncio.ensure_future(AnswerSpin().wait(first, None))
+        await asyncio.sleep(0)
+        assert not spinning.done()
+        await asyncio.wait_for(AnswerSpin().wait(second, None), 1.0)  # returns at once: the other spins
+        assert not spinning.done()
+        doorbell.resolve(first)
+        await spinning
+        await asyncio.wait_for(AnswerSpin().wait(second, doorbell.LOOP_SPIN_S / 2), 1.0)
+
+    _run(main)
+
+
+def test_a_cancelled_spin_lets_the_next_coroutine_spin(slow_spin: None) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(AnswerSpin().wait(loop.create_future(), None))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        done = loop.create_future()
+        loop.call_soon(doorbell.resolve, done)
+        spin = AnswerSpin()
+        await spin.wait(done, None)
+        assert done.done() and spin.skip == 0
+
+    _run(main)
+
+
+def test_an_instance_whose_answers_are_slow_stops_spinning_and_still_answers(repo: Path) -> None:
+    with stubhost.Server(repo, models=["sleepy"]) as server:
+        spin = instance(server, "sleepy")._spin
+
+        async def main() -> None:
+            data = np.ones(3, np.float32)
+            out = await server.infer_async("sleepy", {"INPUT0": data}, parameters={"sleep": 0.05})
+            np.testing.assert_array_equal(out["OUTPUT0"], data)
+            assert spin.skip == SPIN_BACKOFF
+            for _ in range(3):
+                out = await server.infer_async("sleepy", {"INPUT0": data})
+                np.testing.assert_array_equal(out["OUTPUT0"], data)
+            assert spin.skip == SPIN_BACKOFF - 3
+
+        asyncio.run(main())

@@ -22,7 +22,7 @@ from typing import Any
 from stubhost import _core
 from stubhost._core import Command, IPCMessage, RecordKind
 from stubhost.host.answers import ExecuteResult, SenderAnswer, request_timeout
-from stubhost.host.doorbell import wake
+from stubhost.host.doorbell import AnswerSpin, wake
 from stubhost.host.errors import InferenceError
 from stubhost.host.instance_spec import InstanceSpec, initialize_stub, load_error
 from stubhost.host.regions import RegionDestination, RegionTensor, destination_text, region_entry
@@ -102,6 +102,7 @@ class ModelInstance:
         self.state = InstanceState.STARTING
         self._ready = threading.Event()
         self._lock = threading.Lock()
+        self._spin = AnswerSpin()  # keeps an asyncio caller's loop awake for a quick answer
         self._crashes: deque[float] = deque()
         self.restarts = 0
         self.has_is_ready = False
@@ -297,6 +298,7 @@ class ModelInstance:
         sent = time.monotonic_ns()
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
+            await self._spin.wait(done, timeout)
             await asyncio.wait_for(done, timeout)
         except asyncio.TimeoutError:
             raise self._timed_out(process, message, record, timeout) from None

@@ -31,13 +31,13 @@ from stubhost.config import (
     validate_config,
 )
 from stubhost.config.defaults import ENSEMBLE_PLATFORM
+from stubhost.host.answers import ExecuteResult
 from stubhost.host.ensemble import EnsembleModel
 from stubhost.gpu.cuda import device_ids
 from stubhost.host.instance_groups import instance_placements
 from stubhost.host.errors import InferenceError
 from stubhost.host.versions import resolve_version
 from stubhost.host.inputs import RequestChecker
-from stubhost.host.answers import ExecuteResult
 from stubhost.host.instance import InstanceState, ModelInstance, RequestStream
 from stubhost.host.instance_spec import InstanceSpec, load_error
 from stubhost.host.load_options import LoadOptions

@@ -44,9 +44,9 @@ from typing import Any, NamedTuple
 from stubhost import _core
 from stubhost._core import Command, IPCMessage
 from stubhost.config import ModelConfig
-from stubhost.host.doorbell import wake
-from stubhost.host.errors import InferenceError
 from stubhost.host.answers import ExecuteResult
+from stubhost.host.doorbell import AnswerSpin, wake
+from stubhost.host.errors import InferenceError
 from stubhost.host.instance import InstanceState, ModelInstance, RequestStream
 from stubhost.host.stats import BACKEND, CANCELED, OTHER, REJECTED
 from stubhost.host.streams import ResponseStream
@@ -66,6 +66,7 @@ class Scheduler:
         self.version = version
         self.instances = instances
         self.decoupled = decoupled
+        self._spin = AnswerSpin()  # keeps an asyncio caller's loop awake for a quick answer
         self.max_batch_size = int(config.max_batch_size)
         self.batching = config.HasField("dynamic_batching")
         batching = config.dynamic_batching
@@ -501,6 +502,7 @@ class Scheduler:
         deadline = None if timeout is None else time.monotonic() + timeout
         self.submit(ticket)
         try:
+            await self._spin.wait(done, timeout)
             await asyncio.wait_for(done, timeout)
         except asyncio.TimeoutError:
             self._gave_up(ticket, timeout)

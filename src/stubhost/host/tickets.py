@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from stubhost.config.model_config_pb2 import ModelQueuePolicy
-from stubhost.host.errors import InferenceError
 from stubhost.host.answers import ExecuteResult
+from stubhost.host.errors import InferenceError
 from stubhost.host.instance import ModelInstance, RequestStream
 from stubhost.host.regions import RegionDestination
 from stubhost.host.stats import BACKEND
