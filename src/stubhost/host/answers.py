@@ -26,7 +26,6 @@ class ExecuteResult(NamedTuple):
     exec_end: int
 
 
-
 def request_timeout(instance: str, timeout: float | None) -> InferenceError:
     """The error of a request whose instance did not answer within its timeout."""
     return InferenceError("UNAVAILABLE", f"Request timeout expired: instance '{instance}' did not answer within "

@@ -299,7 +299,8 @@ class ModelInstance:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             await self._spin.wait(done, timeout)
-            await asyncio.wait_for(done, timeout)
+            if not done.done():  # else no timer, and no trip through the loop
+                await asyncio.wait_for(done, timeout)
         except asyncio.TimeoutError:
             raise self._timed_out(process, message, record, timeout) from None
         except asyncio.CancelledError:

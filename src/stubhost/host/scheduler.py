@@ -503,7 +503,8 @@ class Scheduler:
         self.submit(ticket)
         try:
             await self._spin.wait(done, timeout)
-            await asyncio.wait_for(done, timeout)
+            if not done.done():  # else no timer, and no trip through the loop
+                await asyncio.wait_for(done, timeout)
         except asyncio.TimeoutError:
             self._gave_up(ticket, timeout)
         except asyncio.CancelledError:
