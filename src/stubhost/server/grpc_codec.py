@@ -116,6 +116,8 @@ def encode_parameters(values: Mapping[str, Any], target: MutableMapping[str, pb.
 def _shm_ref(tensor: Any) -> ShmRef | None:
     """The shared-memory parameters of an input or requested output (Triton's rules and words)."""
     params = tensor.parameters
+    if not params:
+        return None
     name = tensor.name
     if _SHM_REGION not in params:
         for key in (_SHM_OFFSET, _SHM_BYTE_SIZE):
@@ -161,8 +163,10 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
     for tensor in msg.inputs:
         shape = list(tensor.shape)
         _check_input_header(tensor.name, tensor.datatype, shape, model)
-        shm = _shm_ref(tensor)
-        params = {k: v for k, v in decode_parameters(tensor.parameters).items() if k not in _CONSUMED_INPUT}
+        shm = params = None
+        if tensor.parameters:  # most requests carry none: skip the map's walks
+            shm = _shm_ref(tensor)
+            params = {k: v for k, v in decode_parameters(tensor.parameters).items() if k not in _CONSUMED_INPUT}
         data = None
         if shm is not None:
             if tensor.HasField("contents"):
@@ -182,25 +186,28 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
         else:
             raise _invalid(f"unable to find data for input tensor '{tensor.name}' for model '{model}' in "
                            "request.")
-        inputs.append(InputTensor(tensor.name, tensor.datatype, shape, data, shm, params))
+        inputs.append(InputTensor(tensor.name, tensor.datatype, shape, data, shm, params or {}))
     if raw_index != len(raw):
         # Triton ignores the surplus; a client that sent it has its inputs and data out of step.
         raise _invalid(f"expected {raw_index} entries in raw_input_contents (one per input not in shared "
                        f"memory) but got {len(raw)} for model '{model}'")
     outputs = [_requested_output(o) for o in msg.outputs]
     return InferRequest(model_name=model, model_version=msg.model_version, id=msg.id,
-                        parameters=decode_parameters(msg.parameters), inputs=inputs, outputs=outputs)
+                        parameters=decode_parameters(msg.parameters) if msg.parameters else {}, inputs=inputs,
+                        outputs=outputs)
 
 
 def _check_input_header(name: str, datatype: str, shape: list[int], model: str) -> None:
     if datatype not in _DATATYPES:
         raise _invalid(f"invalid datatype '{datatype}' for input tensor '{name}' for model '{model}'")
-    if any(d < 0 for d in shape):
+    if shape and min(shape) < 0:
         raise _invalid(f"invalid shape {shape} for input tensor '{name}' for model '{model}': dimensions must "
                        "not be negative")
 
 
 def _requested_output(tensor: pb.ModelInferRequest.InferRequestedOutputTensor) -> RequestedOutput:
+    if not tensor.parameters:
+        return RequestedOutput(tensor.name)
     shm = _shm_ref(tensor)
     classification = 0
     if "classification" in tensor.parameters:
