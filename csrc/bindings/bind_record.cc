@@ -346,6 +346,16 @@ void bind_record(py::module_& m) {
       },
       py::arg("pool"), py::arg("handle"), py::arg("next"));
   m.def(
+      "mark_record_started",
+      [](const std::shared_ptr<Pool>& pool, uint64_t handle) { mark_record_started(open_pool(pool), handle); },
+      py::arg("pool"), py::arg("handle"),
+      "Stamp a request record with the time its execution begins (the stub, as it starts it).");
+  m.def(
+      "record_running_ms",
+      [](const std::shared_ptr<Pool>& pool, uint64_t handle) { return record_running_ms(open_pool(pool), handle); },
+      py::arg("pool"), py::arg("handle"),
+      "Milliseconds since a request record was stamped by mark_record_started, or -1 if it was not.");
+  m.def(
       "free_record_chain",
       [](const std::shared_ptr<Pool>& pool, uint64_t handle, uint32_t limit) {
         return free_record_chain(open_pool(pool), handle, limit);

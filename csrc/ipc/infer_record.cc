@@ -1,5 +1,6 @@
 #include "ipc/infer_record.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "common/errors.h"
@@ -176,6 +177,33 @@ void set_record_next(Pool& pool, uint64_t handle, uint64_t next) {
   auto* head = reinterpret_cast<RecordShm*>(pool.resolve(handle, sizeof(RecordShm)));
   if (head->magic != kRecordMagic) throw FormatError("memory does not hold an inference record");
   head->next = next;
+}
+
+namespace {
+RecordShm* request_header(Pool& pool, uint64_t handle) {
+  auto* head = reinterpret_cast<RecordShm*>(pool.resolve(handle, sizeof(RecordShm)));
+  if (head->magic != kRecordMagic || head->kind != static_cast<uint32_t>(RecordKind::kRequest)) {
+    throw FormatError("memory does not hold a request record");
+  }
+  return head;
+}
+
+uint32_t monotonic_ms32() {
+  const auto now = std::chrono::steady_clock::now().time_since_epoch();  // CLOCK_MONOTONIC: one clock for all processes
+  return static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::milliseconds>(now).count());
+}
+}  // namespace
+
+void mark_record_started(Pool& pool, uint64_t handle) {
+  const uint32_t now = monotonic_ms32();
+  // Relaxed is enough: the reader only compares times, and the other process may be writing it.
+  __atomic_store_n(&request_header(pool, handle)->started_ms, now == 0 ? 1u : now, __ATOMIC_RELAXED);
+}
+
+int64_t record_running_ms(Pool& pool, uint64_t handle) {
+  const uint32_t started = __atomic_load_n(&request_header(pool, handle)->started_ms, __ATOMIC_RELAXED);
+  if (started == 0) return -1;
+  return static_cast<uint32_t>(monotonic_ms32() - started);  // modular: right for runs under 49 days
 }
 
 uint32_t free_record_chain(Pool& pool, uint64_t handle, uint32_t limit) {

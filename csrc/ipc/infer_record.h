@@ -38,7 +38,7 @@ struct RecordShm {
   uint32_t status;        // responses: 0 = success, else an error code chosen by the protocol layer
   uint32_t string_count;
   uint32_t tensor_count;
-  uint32_t reserved;
+  uint32_t started_ms;    // requests: CLOCK_MONOTONIC ms (mod 2^32, never 0) the stub began to run it; 0 before
   uint64_t total_bytes;   // bytes of the whole record, header included
   uint64_t next;          // handle of the next record of a batch, or 0
   uint64_t ints[kMaxRecordInts];  // meaning fixed by the protocol layer (flags, ids, timeouts)
@@ -99,6 +99,10 @@ uint64_t write_record(Pool& pool, const RecordSource& source);
 RecordView read_record(Pool& pool, uint64_t handle);
 /// Links `handle` to `next` (building a batch chain).
 void set_record_next(Pool& pool, uint64_t handle, uint64_t next);
+/// Stamps the request record at `handle` with the time the stub begins to execute it.
+void mark_record_started(Pool& pool, uint64_t handle);
+/// Milliseconds since the request record at `handle` was stamped, or -1 if it was not.
+int64_t record_running_ms(Pool& pool, uint64_t handle);
 /// Frees a record and every record chained after it. Stops at the first invalid link and returns
 /// how many were freed; `limit` bounds the walk so a cyclic chain cannot loop forever.
 uint32_t free_record_chain(Pool& pool, uint64_t handle, uint32_t limit);

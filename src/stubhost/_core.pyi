@@ -519,6 +519,14 @@ def handle_segment(handle: typing.SupportsInt | typing.SupportsIndex) -> int:
     ...
 def make_handle(segment: typing.SupportsInt | typing.SupportsIndex, offset: typing.SupportsInt | typing.SupportsIndex) -> int:
     ...
+def mark_record_started(pool: Pool, handle: typing.SupportsInt | typing.SupportsIndex) -> None:
+    """
+    Stamp a request record with the time its execution begins (the stub, as it starts it).
+    """
+def record_running_ms(pool: Pool, handle: typing.SupportsInt | typing.SupportsIndex) -> int:
+    """
+    Milliseconds since a request record was stamped by mark_record_started, or -1 if it was not.
+    """
 def read_record(pool: Pool, handle: typing.SupportsInt | typing.SupportsIndex, lease: bool = False, regions: typing.Any = None) -> tuple[int, int, tuple[int, int, int], int, list, list]:
     """
     Read and validate a record: (kind, status, ints, next, strings, [(name, dtype, array)]).

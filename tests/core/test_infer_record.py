@@ -7,6 +7,7 @@ return exactly what was written or raise a core error, never read outside the re
 from __future__ import annotations
 
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from stubhost import _core
 from stubhost._core import DataType, RecordKind
 
-RECORD_HEAD = struct.Struct("<IIIIIIQQ3Q")  # magic, kind, status, strings, tensors, reserved, total, next, ints
+RECORD_HEAD = struct.Struct("<IIIIIIQQ3Q")  # magic, kind, status, strings, tensors, started_ms, total, next, ints
 assert RECORD_HEAD.size == 64
 NUMERIC = [np.bool_, np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32, np.int64,
            np.float16, np.float32, np.float64]
@@ -139,6 +140,30 @@ def test_chains_link_and_free_together_even_when_cyclic(pool: _core.Pool) -> Non
     _core.set_record_next(pool, a, b)  # a hostile peer's cycle
     assert _core.free_record_chain(pool, b) == 2
     assert pool.allocations == 0
+
+
+def test_a_request_record_tells_how_long_it_has_run_since_its_stamp(pool: _core.Pool) -> None:
+    h = _core.write_record(pool, int(RecordKind.REQUEST), 0, (0, 0, 0), ["id", "{}", ""])
+    assert _core.record_running_ms(pool, h) == -1  # written, not started
+    _core.mark_record_started(pool, h)
+    first = _core.record_running_ms(pool, h)
+    assert 0 <= first < 1000
+    time.sleep(0.05)
+    assert 40 <= _core.record_running_ms(pool, h) - first < 5000
+    assert _core.read_record(pool, h)[2] == (0, 0, 0)  # the stamp leaves the record's contents alone
+    pool.free(h)
+
+
+def test_the_run_stamp_is_refused_outside_request_records(pool: _core.Pool) -> None:
+    response = _core.write_record(pool, int(RecordKind.RESPONSE))
+    for call in (_core.mark_record_started, _core.record_running_ms):
+        with pytest.raises(_core.FormatError):
+            call(pool, response)
+        with pytest.raises(_core.CoreError):
+            call(pool, _core.make_handle(0, pool.capacity_bytes * 4))  # past the end of the segment
+        with pytest.raises(_core.CoreError):
+            call(pool, _core.make_handle(17, 64))  # no such segment
+    pool.free(response)
 
 
 # ---- tensors that live in a client region (zero-copy shared-memory inputs and outputs) ----------

@@ -143,6 +143,62 @@ def test_timeout_that_is_long_enough_succeeds(repo: Path) -> None:
         assert instance(server, "sleepy").process.pid == pid
 
 
+def _burst(server: stubhost.Server, count: int, sleep: float, timeout: float) -> list[dict[str, Any]]:
+    """`count` requests sent 10 ms apart, each running `sleep` s with `timeout`; their results."""
+    runs = []
+    for _ in range(count):
+        runs.append(infer_in_thread(server, parameters={"sleep": sleep}, timeout=timeout))
+        time.sleep(0.01)
+    for thread, _ in runs:
+        thread.join(30.0)
+        assert not thread.is_alive()
+    return [result for _, result in runs]
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+def test_requests_that_time_out_behind_a_busy_stub_leave_it_running(tmp_path: Path, instances: int) -> None:
+    # Each request runs 0.3 s; the later ones wait their turn (in the stub's inbox, or with two
+    # instances in the model's queue) and start with little of their 0.7 s left. A stub that
+    # works through them is busy, not hung: before, the first of them to time out while
+    # running killed the stub, and every request queued behind it failed INTERNAL.
+    repo = tmp_path / "models"
+    write_model(repo, "sleepy", SLEEPY_PY, sleepy_config(
+        "sleepy", extra=f"instance_group [{{ count: {instances}, kind: KIND_CPU }}]"))
+    with stubhost.Server(repo) as server:
+        pids = [instance(server, "sleepy", index=i).process.pid for i in range(instances)]
+        results = _burst(server, 3 * instances + 1, sleep=0.3, timeout=0.7)
+        assert sum("out" in r for r in results) == 2 * instances, results
+        for result in results:
+            if "error" in result:
+                assert result["error"].code == "UNAVAILABLE", result
+                assert "Request timeout expired" in result["error"].message
+                assert result["elapsed"] < 3.0
+        time.sleep(0.6)  # the monitor would have replaced a stub judged hung by now
+        assert [instance(server, "sleepy", index=i).process.pid for i in range(instances)] == pids
+        assert all(instance(server, "sleepy", index=i).restarts == 0 for i in range(instances))
+        out = server.infer("sleepy", {"INPUT0": X}, timeout=10.0)
+        assert int(out["PID"][0]) in pids
+
+
+def test_a_hung_request_that_started_late_is_replaced_once_it_ran_its_whole_timeout(repo: Path) -> None:
+    with stubhost.Server(repo) as server:
+        inst = instance(server, "sleepy")
+        pid = inst.process.pid
+        first = infer_in_thread(server, parameters={"sleep": 0.5})
+        time.sleep(0.05)
+        started = time.monotonic()
+        thread, result = infer_in_thread(server, parameters={"sleep": 60}, timeout=1.0)
+        thread.join(10.0)
+        assert result["error"].code == "UNAVAILABLE" and 0.9 < result["elapsed"] < 3.0, result
+        assert first[1].get("out") is not None, first[1]
+        # It began at ~0.45 s and had run ~0.55 s when its caller gave up: the stub is hung only
+        # once that request has run 1 s, and then the health monitor replaces it.
+        assert wait_replaced(server, pid), "the stub stuck in a request that outlived its timeout was not replaced"
+        assert time.monotonic() - started >= 1.4
+        assert inst.restarts == 1
+        np.testing.assert_array_equal(server.infer("sleepy", {"INPUT0": X}, timeout=10.0)["OUTPUT0"], X)
+
+
 def test_crash_loop_ends_not_ready_without_a_respawn_storm(repo: Path) -> None:
     policy = stubhost.RestartPolicy(max_restarts=2, backoff_s=0.01)
     before = child_stub_pids()

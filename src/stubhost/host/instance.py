@@ -81,6 +81,9 @@ class RequestStream:
 
 
 IS_READY_TIMEOUT_S = 5.0
+# A request its stub began within this long of its call has run its whole timeout when that ends:
+# the send and the stub's wake-up are no queue time (and the stub's stamp counts whole ms).
+START_SLACK_S = 0.02
 
 
 class InstanceState(enum.Enum):
@@ -206,7 +209,7 @@ class ModelInstance:
             return
 
     def mark_hung(self) -> None:
-        """A request outlived its timeout inside the stub: replace the stub."""
+        """The stub ran one request for longer than its timeout: replace the stub."""
         log.error("Stub process '%s' did not answer in time; replacing it.", self.name)
         self.process.kill()
         self.check_health()  # now, not at the monitor's next pass: the next caller waits for the new stub
@@ -464,15 +467,25 @@ class ModelInstance:
 
     def _timed_out(self, process: StubProcess, message: IPCMessage, record: int,
                    timeout: float | None) -> InferenceError:
-        """Gives up on a request; a stuck stub (the request was the one running) is replaced."""
-        # The oldest request in flight is the one the stub runs: stuck, so the stub is replaced.
-        executing = next(iter(process.inflight), None) == message.handle
-        if not executing:  # still waiting in the stub's inbox: the model sees it cancelled
+        """Gives up on a request; a stub that ran it for the whole timeout is replaced."""
+        running = process.running_for(record)
+        if running is None or not timeout or running + START_SLACK_S < timeout:  # the model sees it cancelled
             _tell_cancelled(process, record)
         process.abandon(message, record)
-        if executing:
-            self.mark_hung()
+        self.judge_overrun(process, message, running, timeout)
         return request_timeout(self.name, timeout)
+
+    def judge_overrun(self, process: StubProcess, message: IPCMessage, running: float | None,
+                      timeout: float | None) -> None:
+        """A request's `timeout` ran out after the stub had run it `running` seconds (None: not
+        started). The stub is hung once it has run that one request for the whole timeout: now,
+        or later (the health monitor watches). Time spent queued does not count: that is busy."""
+        if running is None or not timeout:
+            return
+        if running + START_SLACK_S >= timeout:
+            self.mark_hung()
+        else:
+            process.watch_overrun(message, time.monotonic() + timeout - running)
 
     def _finish(self, process: StubProcess, message: IPCMessage, record: int,
                 sent: int) -> ExecuteResult | ResponseStream:

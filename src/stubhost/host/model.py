@@ -583,6 +583,8 @@ class LoadedModel(Retirable):
         for inst in self.instances():
             inst.check_health()
             inst.process.reap()
+            if inst.process.overrun():
+                inst.mark_hung()
 
     def stop(self) -> None:
         """Fails what still waits in the queues, then finalizes and stops every instance (in

@@ -47,7 +47,7 @@ from stubhost.config import ModelConfig
 from stubhost.host.answers import ExecuteResult
 from stubhost.host.doorbell import AnswerSpin, wake
 from stubhost.host.errors import InferenceError
-from stubhost.host.instance import InstanceState, ModelInstance, RequestStream
+from stubhost.host.instance import START_SLACK_S, InstanceState, ModelInstance, RequestStream
 from stubhost.host.stats import BACKEND, CANCELED, OTHER, REJECTED
 from stubhost.host.streams import ResponseStream
 from stubhost.host.stub_process import StubProcess
@@ -281,7 +281,7 @@ class Scheduler:
             return None
         sent = time.monotonic_ns()
         for ticket in live:
-            ticket.sent, ticket.batch_size = sent, size
+            ticket.sent, ticket.batch_size, ticket.message = sent, size, message
         if streams is not None:  # the caller reads a decoupled request's responses as they come
             for ticket, (record, stream) in zip(live, streams):
                 self._settle(ticket, RequestStream(instance, process, record, stream, sent))
@@ -519,28 +519,37 @@ class Scheduler:
 
     def _wait_flight(self, flight: _Flight, ticket: Ticket, timeout: float | None) -> None:
         """Waits for the reply of a batch this thread sent and settles the batch. When `timeout`
-        runs out first, the instance is taken for hung and replaced (so the reply comes, as a
-        failure), and the timeout error is raised."""
-        if flight.process.wait(flight.message, timeout):
-            self._executed(flight.instance, flight.process, flight.batch, None, flight.message)
+        runs out first, the timeout error is raised: a batch that ran that long means a hung
+        instance, replaced (so the reply comes, as a failure); else the completion thread
+        settles the batch when it ends (``_gave_up``'s rule)."""
+        instance, process, message = flight.instance, flight.process, flight.message
+        if process.wait(message, timeout):
+            self._executed(instance, process, flight.batch, None, message)
             return
         self.withdraw(ticket)
-        flight.instance.mark_hung()
-        flight.process.wait(flight.message, None)  # the dead stub's messages are failed at once
-        self._executed(flight.instance, flight.process, flight.batch, None, flight.message)
+        running = _running_for(ticket)
+        if timeout is not None and running + START_SLACK_S >= timeout:
+            instance.mark_hung()
+            process.wait(message, None)  # the dead stub's messages are failed at once
+            self._executed(instance, process, flight.batch, None, message)
+        else:
+            process.hand_over(message, functools.partial(self._executed, instance, process, flight.batch, None, message))
+            instance.judge_overrun(process, message, running, timeout)
         ticket.failure = CANCELED  # its caller gave up on it
         raise InferenceError("UNAVAILABLE", f"Request timeout expired: model '{self.model_name}' did not answer "
                                             f"within {timeout} s")
 
     def _gave_up(self, ticket: Ticket, timeout: float | None) -> None:
-        """The caller's timeout ran out: a queued request never runs; a running one is stuck,
-        so its instance is replaced. Raises the timeout error."""
+        """The caller's timeout ran out: a queued request never runs; a running one is left to
+        finish (the model sees it cancelled), unless its batch ran for the whole timeout: then
+        the instance is hung and replaced (ModelInstance.judge_overrun). Time in the queue is
+        not the instance's. Raises the timeout error."""
         state = self.withdraw(ticket, keep_settled=True)
         if state == SETTLED:
             return  # it came in just now
-        instance = ticket.instance
-        if state == DISPATCHED and instance is not None and ticket.process is instance.process:
-            instance.mark_hung()
+        instance, message = ticket.instance, ticket.message
+        if state == DISPATCHED and instance is not None and message is not None and ticket.process is instance.process:
+            instance.judge_overrun(ticket.process, message, _running_for(ticket), timeout)
         ticket.failure = CANCELED  # its caller gave up on it
         raise InferenceError("UNAVAILABLE", f"Request timeout expired: model '{self.model_name}' did not answer "
                                             f"within {timeout} s")
@@ -550,6 +559,12 @@ class Scheduler:
         if isinstance(outcome, InferenceError):
             raise outcome
         return outcome
+
+
+def _running_for(ticket: Ticket) -> float:
+    """Seconds the batch of a dispatched request has run: from its send, since an instance
+    takes a batch only when it has answered the one before."""
+    return (time.monotonic_ns() - ticket.sent) / 1e9
 
 
 class _Flight(NamedTuple):

@@ -90,6 +90,8 @@ class StubProcess:
         self.dead = False  # set once the stub is known to be gone; never cleared
         self.abandoned: list[tuple[IPCMessage, int]] = []  # (message, request record) nobody waits for
         self.waiters: dict[int, Callable[[], None]] = {}    # message handle -> on_reply, for async callers
+        # Messages given up on while the stub ran them, and when they will have run their whole timeout
+        self.overruns: list[tuple[IPCMessage, float]] = []
         self._completer: threading.Thread | None = None
         self._completer_lock = threading.Lock()
         self._closing = False
@@ -206,6 +208,14 @@ class StubProcess:
         if message.wait_reply(within) or message.set_notify(True):
             self._notify(message.handle)  # a second hand-over (the health monitor's) finds no waiter
 
+    def hand_over(self, message: IPCMessage, on_reply: Callable[[], None]) -> None:
+        """Lets the completion thread call `on_reply` once a message sent without notification
+        is answered: its sender no longer waits for it."""
+        self.waiters[message.handle] = on_reply
+        self._start_completer()
+        if message.set_notify(True):  # answered meanwhile: nobody will be notified
+            self._notify(message.handle)
+
     def finish(self, message: IPCMessage) -> tuple[int, int]:
         """(status, reply_args) of an answered message, which is then released."""
         self.inflight.pop(message.handle, None)
@@ -286,6 +296,32 @@ class StubProcess:
         self.inflight.pop(message.handle, None)
         self.waiters.pop(message.handle, None)
         self.abandoned.append((message, record))
+
+    def running_for(self, record: int) -> float | None:
+        """Seconds the stub has been executing the request (or batch) in `record`, which must
+        still be held; None when it has not started it (the stub stamps it as it starts)."""
+        try:
+            ms = _core.record_running_ms(self.pool, record)
+        except _core.CoreError:
+            return None
+        return None if ms < 0 else ms / 1000
+
+    def watch_overrun(self, message: IPCMessage, deadline: float) -> None:
+        """Notes a message given up on while the stub ran it: ``overrun`` reports the stub once
+        `deadline` (monotonic) passes with the message still unanswered."""
+        self.overruns.append((message, deadline))
+
+    def overrun(self) -> bool:
+        """True when a message passed to ``watch_overrun`` is still unanswered after its deadline
+        (health monitor, after ``reap``). Answered ones are forgotten without touching them: they
+        may be released already."""
+        if not self.overruns:
+            return False
+        now = time.monotonic()
+        pending = [(m, d) for m, d in self.overruns
+                   if self.inflight.get(m.handle) is m or any(a is m for a, _ in self.abandoned)]
+        self.overruns = pending
+        return any(now >= deadline for _, deadline in pending)
 
     def reap(self) -> None:
         """Frees what abandoned messages left behind once they are answered (health monitor)."""

@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from stubhost._core import IPCMessage
 from stubhost.config.model_config_pb2 import ModelQueuePolicy
 from stubhost.host.answers import ExecuteResult
 from stubhost.host.errors import InferenceError
@@ -64,7 +65,7 @@ class Ticket:
 
     __slots__ = ("tensors", "requested", "request_id", "parameters", "correlation_id", "flags", "timeout_us",
                  "size", "priority", "begin", "enqueued", "deadline", "state", "instance", "process", "record",
-                 "serial", "dispatched", "sent", "batch_size", "first_in_batch", "outcome", "wake", "loop", "ordered", "failure")
+                 "serial", "dispatched", "sent", "message", "batch_size", "first_in_batch", "outcome", "wake", "loop", "ordered", "failure")
 
     def __init__(self, tensors: list[tuple[str, Any, int]], requested: Sequence[str | RegionDestination],
                  request_id: str, parameters: str, correlation_id: int | str, flags: int,
@@ -88,6 +89,7 @@ class Ticket:
         self.serial = 0             # the request's number in its process (what a cancellation names)
         self.dispatched = 0         # ns: its batch started being written
         self.sent = 0               # ns: its batch was queued to the stub
+        self.message: IPCMessage | None = None  # the Execute that carries its batch
         self.batch_size = 0         # the batch dimension of the whole batch it ran in
         self.first_in_batch = False  # counts the batch's execution in the statistics
         self.outcome: ExecuteResult | ResponseStream | RequestStream | InferenceError | None = None
