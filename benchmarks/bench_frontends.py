@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import json
 import os
 import re
 import resource
@@ -208,11 +209,28 @@ class ServerUnderTest:
 
     label = "?"
 
-    def __init__(self) -> None:
+    def __init__(self, extra_args: list[str] | None = None) -> None:
         self.proc: subprocess.Popen | None = None
         self.http_url = ""
         self.grpc_url = ""
         self.problems: list[str] = []   # shutdown hygiene findings
+        self.extra_args = list(extra_args or [])   # appended to the server's command line
+
+    def is_stub_of(self, argv: list[str], model: str) -> bool:
+        """Whether a child's command line is a stub serving `model` (subclasses that start stubs)."""
+        return False
+
+    def stub_pids(self, model: str) -> list[int]:
+        """Live (not zombie) stub processes of `model` among the server's descendants."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        out = []
+        for p in process_tree(self.proc.pid)[1:]:
+            with contextlib.suppress(OSError), open(f"/proc/{p}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+                if _is_zombie(p) is False and self.is_stub_of(argv, model):
+                    out.append(p)
+        return out
 
     def cpu_seconds(self) -> tuple[float, float]:
         """CPU seconds of (the server process, its stubs) so far."""
@@ -269,8 +287,8 @@ class StubhostServer(ServerUnderTest):
     label = "stubhost"
     _STARTED = re.compile(r"Started (HTTPService|GRPCInferenceService) at (\S+):(\d+)")
 
-    def __init__(self, repo: Path) -> None:
-        super().__init__()
+    def __init__(self, repo: Path, extra_args: list[str] | None = None) -> None:
+        super().__init__(extra_args)
         self.repo = repo
         self.lines: list[str] = []
         self.ports: dict[str, int] = {}
@@ -295,7 +313,9 @@ class StubhostServer(ServerUnderTest):
     def start(self) -> float:
         """Starts the server; returns seconds from launch to ready (server and both models)."""
         cmd = [sys.executable, "-m", "stubhost", "serve", "--model-repository", str(self.repo),
-               "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--http-port", "0", "--grpc-port", "0"]
+               "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
+               # metrics on any free port too: another benchmark's server may hold the default 8002
+               "--metrics-address", "127.0.0.1", "--metrics-port", "0", *self.extra_args]
         t0 = time.monotonic()
         deadline = t0 + START_TIMEOUT
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -315,6 +335,15 @@ class StubhostServer(ServerUnderTest):
         self.grpc_url = f"127.0.0.1:{self.ports['GRPCInferenceService']}"
         self.wait_ready(["add_sub", "identity"], deadline)
         return time.monotonic() - t0
+
+    def is_stub_of(self, argv: list[str], model: str) -> bool:
+        """`python -m stubhost.stub SPEC` whose SPEC (JSON) names an instance <model>_<group>_<n>
+        (default group names, as host/model.py gives them)."""
+        if len(argv) < 4 or argv[-3:-1] != ["-m", "stubhost.stub"]:
+            return False
+        with contextlib.suppress(ValueError, AttributeError):
+            return re.fullmatch(rf"{re.escape(model)}_\d+_\d+", json.loads(argv[-1]).get("instance", "")) is not None
+        return False
 
     def segments(self) -> list[str]:
         """This server's pool segments in /dev/shm."""
@@ -374,8 +403,8 @@ class TritonServer(ServerUnderTest):
 
     label = "triton"
 
-    def __init__(self, peer: Path, repo: Path, workdir: Path) -> None:
-        super().__init__()
+    def __init__(self, peer: Path, repo: Path, workdir: Path, extra_args: list[str] | None = None) -> None:
+        super().__init__(extra_args)
         self.peer, self.repo, self.workdir = peer, repo, workdir
         self.log_path = workdir / "tritonserver.log"
         self.version = "?"
@@ -431,7 +460,7 @@ class TritonServer(ServerUnderTest):
                f"--backend-directory={peer_env['PEER_BACKENDS']}", f"--cache-directory={peer_env['PEER_CACHES']}",
                "--http-address=127.0.0.1", f"--http-port={hp}", "--grpc-address=127.0.0.1", f"--grpc-port={gp}",
                "--metrics-address=127.0.0.1", f"--metrics-port={mp}", "--allow-gpu-metrics=false",
-               "--pinned-memory-pool-byte-size=0", "--exit-timeout-secs=10"]
+               "--pinned-memory-pool-byte-size=0", "--exit-timeout-secs=10", *self.extra_args]
         self.http_url, self.grpc_url = f"127.0.0.1:{hp}", f"127.0.0.1:{gp}"
         t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
@@ -454,6 +483,25 @@ class TritonServer(ServerUnderTest):
                 self._stub_regions += [a.decode() for a in f.read().split(b"\0")
                                        if a.startswith(b"triton_python_backend_shm_region")]
         return took
+
+    def is_stub_of(self, argv: list[str], model: str) -> bool:
+        """triton_python_backend_stub whose model path is in <repo>/<model>/; remembers its shm
+        region, so stop() checks that a restarted stub's region is gone too."""
+        if not argv or not argv[0].endswith("triton_python_backend_stub"):
+            return False
+        regions = [a for a in argv if a.startswith("triton_python_backend_shm_region")]
+        self._stub_regions += [r for r in regions if r not in self._stub_regions]
+        return any(a.startswith(f"{self.repo / model}{os.sep}") for a in argv[1:2])
+
+    def segments(self) -> list[str]:
+        """Its Python stubs' shm regions in /dev/shm now (one per stub, named on its command line)."""
+        if self.proc is not None and self.proc.poll() is None:
+            for p in process_tree(self.proc.pid)[1:]:
+                with contextlib.suppress(OSError), open(f"/proc/{p}/cmdline", "rb") as f:
+                    self._stub_regions += [r for r in (a.decode(errors="replace") for a in f.read().split(b"\0"))
+                                           if r.startswith("triton_python_backend_shm_region")
+                                           and r not in self._stub_regions]
+        return sorted(r for r in self._stub_regions if os.path.exists(os.path.join(SHM_DIR, r)))
 
     def stop(self) -> int | None:
         """SIGTERM (KILL after STOP_TIMEOUT s), then checks its Python stubs and their shm are gone."""
