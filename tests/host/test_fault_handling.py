@@ -199,6 +199,26 @@ def test_a_hung_request_that_started_late_is_replaced_once_it_ran_its_whole_time
         np.testing.assert_array_equal(server.infer("sleepy", {"INPUT0": X}, timeout=10.0)["OUTPUT0"], X)
 
 
+def test_a_request_given_up_while_queued_that_then_hangs_gets_its_stub_replaced(repo: Path) -> None:
+    # The hung request's caller left before the stub began it, and the requests queued behind it
+    # never start, so none of their timeouts can see the stub hang: its own timeout, counted
+    # from the moment the stub began it, must.
+    with stubhost.Server(repo) as server:
+        inst = instance(server, "sleepy")
+        pid = inst.process.pid
+        first = infer_in_thread(server, parameters={"sleep": 0.5})
+        time.sleep(0.05)
+        _, hung = infer_in_thread(server, parameters={"sleep": 60}, timeout=0.3)
+        time.sleep(0.5)  # it gave up while queued; the stub has begun it by now
+        behind = infer_in_thread(server, parameters={"sleep": 0}, timeout=0.3)
+        behind[0].join(10.0)
+        assert hung["error"].code == "UNAVAILABLE", hung
+        assert "out" in first[1], first[1]
+        assert wait_replaced(server, pid, timeout=10.0), "a stub stuck in an abandoned request was never replaced"
+        assert inst.restarts == 1
+        np.testing.assert_array_equal(server.infer("sleepy", {"INPUT0": X}, timeout=10.0)["OUTPUT0"], X)
+
+
 def test_crash_loop_ends_not_ready_without_a_respawn_storm(repo: Path) -> None:
     policy = stubhost.RestartPolicy(max_restarts=2, backoff_s=0.01)
     before = child_stub_pids()

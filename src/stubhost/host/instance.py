@@ -472,20 +472,24 @@ class ModelInstance:
         if running is None or not timeout or running + START_SLACK_S < timeout:  # the model sees it cancelled
             _tell_cancelled(process, record)
         process.abandon(message, record)
-        self.judge_overrun(process, message, running, timeout)
+        self.judge_overrun(process, message, running, timeout, record)
         return request_timeout(self.name, timeout)
 
     def judge_overrun(self, process: StubProcess, message: IPCMessage, running: float | None,
-                      timeout: float | None) -> None:
+                      timeout: float | None, record: int = 0) -> None:
         """A request's `timeout` ran out after the stub had run it `running` seconds (None: not
-        started). The stub is hung once it has run that one request for the whole timeout: now,
-        or later (the health monitor watches). Time spent queued does not count: that is busy."""
-        if running is None or not timeout:
+        started; then `record`, the abandoned request's, tells when it starts). The stub is hung
+        once it has run that one request for the whole timeout: now, or later (the health
+        monitor watches). Time spent queued does not count: that is busy."""
+        if not timeout:
             return
-        if running + START_SLACK_S >= timeout:
+        if running is None:  # not started yet: watched from its start (it stays in `abandoned`)
+            if record:
+                process.watch_overrun(message, record=record, timeout=timeout)
+        elif running + START_SLACK_S >= timeout:
             self.mark_hung()
         else:
-            process.watch_overrun(message, time.monotonic() + timeout - running)
+            process.watch_overrun(message, deadline=time.monotonic() + timeout - running)
 
     def _finish(self, process: StubProcess, message: IPCMessage, record: int,
                 sent: int) -> ExecuteResult | ResponseStream:

@@ -90,8 +90,8 @@ class StubProcess:
         self.dead = False  # set once the stub is known to be gone; never cleared
         self.abandoned: list[tuple[IPCMessage, int]] = []  # (message, request record) nobody waits for
         self.waiters: dict[int, Callable[[], None]] = {}    # message handle -> on_reply, for async callers
-        # Messages given up on while the stub ran them, and when they will have run their whole timeout
-        self.overruns: list[tuple[IPCMessage, float]] = []
+        # Messages given up on before the stub answered them: (message, request record, timeout, deadline)
+        self.overruns: list[tuple[IPCMessage, int, float, float | None]] = []
         self._completer: threading.Thread | None = None
         self._completer_lock = threading.Lock()
         self._closing = False
@@ -302,26 +302,38 @@ class StubProcess:
         still be held; None when it has not started it (the stub stamps it as it starts)."""
         try:
             ms = _core.record_running_ms(self.pool, record)
-        except _core.CoreError:
+        except (_core.CoreError, ValueError):  # ValueError: the pool is closed (the stub is gone)
             return None
         return None if ms < 0 else ms / 1000
 
-    def watch_overrun(self, message: IPCMessage, deadline: float) -> None:
-        """Notes a message given up on while the stub ran it: ``overrun`` reports the stub once
-        `deadline` (monotonic) passes with the message still unanswered."""
-        self.overruns.append((message, deadline))
+    def watch_overrun(self, message: IPCMessage, *, deadline: float | None = None, record: int = 0,
+                      timeout: float = 0.0) -> None:
+        """Notes a message given up on before its answer: ``overrun`` reports the stub once the
+        message, still unanswered, passes `deadline` (monotonic), or, without one, once the stub
+        has run the abandoned request in `record` (stamped as it starts) for `timeout` seconds."""
+        self.overruns.append((message, record, timeout, deadline))
 
     def overrun(self) -> bool:
-        """True when a message passed to ``watch_overrun`` is still unanswered after its deadline
-        (health monitor, after ``reap``). Answered ones are forgotten without touching them: they
-        may be released already."""
-        if not self.overruns:
+        """True when a message passed to ``watch_overrun`` is still unanswered past its limit
+        (health monitor, after ``reap``, which frees an abandoned record only once answered: so
+        the records read here are alive). Answered ones are forgotten without touching them:
+        they may be released already."""
+        if not self.overruns or self.dead:  # (a dead stub's pool may be closed already)
             return False
-        now = time.monotonic()
-        pending = [(m, d) for m, d in self.overruns
-                   if self.inflight.get(m.handle) is m or any(a is m for a, _ in self.abandoned)]
+        now, late, pending = time.monotonic(), False, []
+        for entry in self.overruns:
+            message, record, timeout, deadline = entry
+            abandoned = any(a is message for a, _ in self.abandoned)
+            if not abandoned and self.inflight.get(message.handle) is not message:
+                continue  # answered
+            pending.append(entry)
+            if deadline is not None:
+                late = late or now >= deadline
+            elif abandoned and record:
+                running = self.running_for(record)
+                late = late or (running is not None and running >= timeout)
         self.overruns = pending
-        return any(now >= deadline for _, deadline in pending)
+        return late
 
     def reap(self) -> None:
         """Frees what abandoned messages left behind once they are answered (health monitor)."""
