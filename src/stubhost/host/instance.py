@@ -18,7 +18,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-
 from stubhost import _core
 from stubhost._core import Command, IPCMessage, RecordKind
 from stubhost.host.answers import ExecuteResult, SenderAnswer, request_timeout

@@ -92,6 +92,7 @@ class StubProcess:
         self.waiters: dict[int, Callable[[], None]] = {}    # message handle -> on_reply, for async callers
         # Messages given up on before the stub answered them: (message, request record, timeout, deadline)
         self.overruns: list[tuple[IPCMessage, int, float, float | None]] = []
+        self._overruns_lock = threading.Lock()  # SYNC: callers that give up append, the monitor prunes
         self._completer: threading.Thread | None = None
         self._completer_lock = threading.Lock()
         self._closing = False
@@ -311,7 +312,8 @@ class StubProcess:
         """Notes a message given up on before its answer: ``overrun`` reports the stub once the
         message, still unanswered, passes `deadline` (monotonic), or, without one, once the stub
         has run the abandoned request in `record` (stamped as it starts) for `timeout` seconds."""
-        self.overruns.append((message, record, timeout, deadline))
+        with self._overruns_lock:
+            self.overruns.append((message, record, timeout, deadline))
 
     def overrun(self) -> bool:
         """True when a message passed to ``watch_overrun`` is still unanswered past its limit
@@ -321,7 +323,9 @@ class StubProcess:
         if not self.overruns or self.dead:  # (a dead stub's pool may be closed already)
             return False
         now, late, pending = time.monotonic(), False, []
-        for entry in self.overruns:
+        with self._overruns_lock:
+            entries, self.overruns = self.overruns, []
+        for entry in entries:
             message, record, timeout, deadline = entry
             abandoned = any(a is message for a, _ in self.abandoned)
             if not abandoned and self.inflight.get(message.handle) is not message:
@@ -332,7 +336,8 @@ class StubProcess:
             elif abandoned and record:
                 running = self.running_for(record)
                 late = late or (running is not None and running >= timeout)
-        self.overruns = pending
+        with self._overruns_lock:
+            self.overruns.extend(pending)
         return late
 
     def reap(self) -> None:
