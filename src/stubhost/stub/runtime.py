@@ -8,7 +8,6 @@ left in /dev/shm even after a SIGKILL of the parent.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import concurrent.futures
 import json
 import mmap
@@ -348,9 +347,10 @@ class StubRuntime:
         message.reply(REPLY_OK, 0)
 
     def on_execute(self, message: IPCMessage) -> None:
-        # how long the batch has run, queue time apart, decides whether a timeout means hung
-        with contextlib.suppress(_core.CoreError):  # a bad handle fails in read_requests below
+        try:  # how long the batch has run, queue time apart, decides whether a timeout means hung
             _core.mark_record_started(self.pool, message.args)
+        except _core.CoreError:
+            pass  # a bad handle fails in read_requests below
         requests = codec.read_requests(self.pool, message.args, self.model_name, self.model_version, self.regions,
                                        self.gpu)
         start = time.monotonic_ns()
