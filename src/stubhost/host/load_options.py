@@ -14,9 +14,15 @@ from pathlib import Path
 
 import stubhost
 from stubhost._core import IPCMessage
+from stubhost.config import ModelConfig
 from stubhost.host.ensemble import ModelLookup
+from stubhost.host.errors import InferenceError
+from stubhost.host.execution_env import ENV_PARAMETER, ExecutionEnvError, ExecutionEnvs, env_path_of
 from stubhost.host.instance_spec import RestartPolicy
 from stubhost.host.stub_process import StubProcess, StubSettings
+
+
+PYTHON_PARAMETER = "STUBHOST_PYTHON_EXECUTABLE"  # config parameter: the model's own interpreter
 
 
 @dataclass
@@ -32,6 +38,29 @@ class LoadOptions:
     on_call: Callable[[StubProcess, IPCMessage], None] | None = None  # serves stubs' BLS calls
     lookup: ModelLookup | None = None  # the server's loaded models by name (ensembles run them)
     stub: StubSettings = field(default_factory=StubSettings)
+    envs: ExecutionEnvs = field(default_factory=ExecutionEnvs)  # models' EXECUTION_ENV_PATH environments
+
+    def stub_launch(self, cfg: ModelConfig, model_dir: str | os.PathLike[str]) -> tuple[str | None, dict[str, str]]:
+        """The interpreter (None: this one) and the environment a model's stubs start with: its
+        ``EXECUTION_ENV_PATH`` environment, activated, or the interpreter its
+        ``STUBHOST_PYTHON_EXECUTABLE`` parameter names, or the server's. Raises InferenceError."""
+        params = cfg.parameters
+        python = params[PYTHON_PARAMETER].string_value if PYTHON_PARAMETER in params else None
+        env_path = params[ENV_PARAMETER].string_value if ENV_PARAMETER in params else None
+        if not env_path:
+            python = python or self.python
+            return python, self.stub_env(python)
+        if python:
+            raise InferenceError("INVALID_ARG", f"model '{cfg.name or os.path.basename(model_dir)}' sets both "
+                                                f"{ENV_PARAMETER} and {PYTHON_PARAMETER}: set one")
+        try:
+            env = self.envs.get(env_path_of(env_path, model_dir), self._base_env())
+        except ExecutionEnvError as e:
+            raise InferenceError("INTERNAL", str(e)) from None
+        return env.python, env.stub_environment(self.stub_env(env.python))
+
+    def _base_env(self) -> dict[str, str]:
+        return dict(self.env if self.env is not None else os.environ)
 
     def stub_env(self, python: str | None) -> dict[str, str]:
         """The server's environment for a stub run by `python` (None: this interpreter).
@@ -40,7 +69,7 @@ class LoadOptions:
         interpreter gets stubhost (and nothing else of ours) on its path, through a folder that
         holds only a link to this package, so its own packages are the ones it imports.
         """
-        env = dict(self.env if self.env is not None else os.environ)
+        env = self._base_env()
         env["PYTHONUNBUFFERED"] = "1"
         if python is not None and os.path.abspath(python) != os.path.abspath(sys.executable):
             paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]

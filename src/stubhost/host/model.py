@@ -57,9 +57,6 @@ from stubhost.protocol import write_payload
 
 log = logging.getLogger("stubhost")
 
-PYTHON_PARAMETER = "STUBHOST_PYTHON_EXECUTABLE"  # config parameter: the model's own interpreter
-
-
 def _load_ensemble(model_dir: ModelDir, cfg: ModelConfig, source: str, options: LoadOptions) -> EnsembleModel:
     """An ensemble: no stub of its own; its steps run the server's loaded models."""
     fill_defaults(cfg, model_dir.name)
@@ -194,9 +191,7 @@ class LoadedModel(Retirable):
             first_file = model_file(model_dir, versions[-1], cfg)
         except (ConfigError, ValueError) as e:
             raise InferenceError("INVALID_ARG", str(e)) from None
-        python = cfg.parameters[PYTHON_PARAMETER].string_value if PYTHON_PARAMETER in cfg.parameters else None
-        python = python or options.python
-        env = options.stub_env(python)
+        python, env = options.stub_launch(cfg, model_dir.path)
         try:
             first = StubProcess(f"{name}_0_0", python=python, env=env, settings=options.stub,
                                 on_call=options.on_call)

@@ -565,6 +565,7 @@ class Server:
         if poller is not None and poller is not threading.current_thread():
             # A poll may be loading a model: it stops what it loaded once it sees the close.
             poller.join(timeout=self._options.init_timeout_s + 5.0)
+        self._options.envs.close()  # after the stubs that ran in its environments
         untrack(self)
 
     def __del__(self) -> None:
