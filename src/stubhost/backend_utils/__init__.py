@@ -28,12 +28,14 @@ from stubhost.backend_utils.bls import is_model_ready, load_model, unload_model
 from stubhost.backend_utils.errors import TritonError, TritonModelException
 from stubhost.backend_utils.helpers import (
     TRITON_STRING_TO_NUMPY,
+    deserialize_bytes_tensor,
     get_input_config_by_name,
     get_input_tensor_by_name,
     get_model_dir,
     get_output_config_by_name,
     get_output_tensor_by_name,
     numpy_to_triton_type,
+    serialize_byte_tensor,
     triton_string_to_numpy,
     triton_to_numpy_type,
     using_decoupled_model_transaction_policy,
@@ -41,7 +43,7 @@ from stubhost.backend_utils.helpers import (
 from stubhost.backend_utils.logger import Logger, LogLevel
 from stubhost.backend_utils.metrics import Metric, MetricFamily
 from stubhost.backend_utils.model_config import ModelConfig
-from stubhost.backend_utils.request import InferenceRequest, PreferredMemory
+from stubhost.backend_utils.request import InferenceRequest, InferenceTrace, PreferredMemory
 from stubhost.backend_utils.response import InferenceResponse
 from stubhost.backend_utils.response_sender import InferenceResponseSender
 from stubhost.backend_utils.tensor import Tensor
@@ -55,6 +57,7 @@ __all__ = [
     "TRITON_STRING_TO_NUMPY",
     "InferenceRequest",
     "PreferredMemory",
+    "InferenceTrace",
     "TRITONSERVER_MEMORY_CPU",
     "TRITONSERVER_MEMORY_CPU_PINNED",
     "TRITONSERVER_MEMORY_GPU",
@@ -68,6 +71,7 @@ __all__ = [
     "Tensor",
     "TritonError",
     "TritonModelException",
+    "deserialize_bytes_tensor",
     "get_input_config_by_name",
     "get_input_tensor_by_name",
     "get_model_dir",
@@ -76,6 +80,7 @@ __all__ = [
     "is_model_ready",
     "load_model",
     "numpy_to_triton_type",
+    "serialize_byte_tensor",
     "triton_string_to_numpy",
     "triton_to_numpy_type",
     "unload_model",

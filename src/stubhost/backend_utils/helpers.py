@@ -1,11 +1,15 @@
-"""The module-level helpers of pb_utils: tensor and config look-ups, dtype conversions, model dir."""
+"""The module-level helpers of pb_utils: tensor and config look-ups, dtype conversions, the BYTES
+(de)serializers, model dir."""
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
+from stubhost import _core
 from stubhost._core import DataType
 from stubhost.backend_utils.request import InferenceRequest
 from stubhost.backend_utils.response import InferenceResponse
@@ -89,6 +93,61 @@ def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bo
     ``model_transaction_policy { decoupled: true }``."""
     policy = model_config.get("model_transaction_policy") or {}
     return bool(policy.get("decoupled", False))
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> bytes | tuple[()] | None:
+    """Triton's BYTES layout of a bytes tensor: for each element, in C order, its length as 4
+    little-endian bytes and then its bytes, concatenated into one ``bytes`` object.
+
+    As Triton's ``serialize_byte_tensor`` does:
+
+    - an empty tensor (``size == 0``), whatever its dtype, gives ``()`` (an empty tuple);
+    - an ``object`` array: an element of type exactly ``bytes`` is written as it is, any other
+      element as ``str(element)`` in UTF-8 (so a ``np.bytes_`` or ``bytearray`` element is
+      written as its ``str()``, ``"b'...'"``, as Triton writes it);
+    - a ``np.bytes_`` (``S``) array: each element as numpy reads it, that is without its trailing
+      NUL bytes (use an ``object`` array to keep them);
+    - any other dtype (``np.str_`` included) gives ``None``; an object without ``.size`` (a
+      list) raises ``AttributeError``.
+
+    The encoding is the one stubhost uses for BYTES tensors (``_core.encode_bytes``).
+    """
+    if input_tensor.size == 0:
+        return ()
+    if input_tensor.dtype == np.object_:
+        flat = input_tensor.ravel(order="C")
+        if any(_written_as_str(t) for t in set(map(type, flat))):
+            return _core.encode_bytes(_triton_elements(flat))
+        return _core.encode_bytes(flat)
+    if input_tensor.dtype.type == np.bytes_:
+        return _core.encode_bytes(input_tensor.ravel(order="C"))
+    return None
+
+
+def _written_as_str(kind: type) -> bool:
+    """True for the element types that the encoder writes raw but Triton writes as ``str(x)``:
+    subclasses of bytes (``np.bytes_``) and of str, and bytearray."""
+    return kind is not bytes and kind is not str and issubclass(kind, (bytes, bytearray, str))
+
+
+def _triton_elements(flat: Iterable[Any]) -> list[Any]:
+    """The elements of an object array as Triton writes them: exact ``bytes`` kept, others as str."""
+    return [x if type(x) is bytes else str(x) for x in flat]
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
+    """The elements of a buffer in Triton's BYTES layout (what ``serialize_byte_tensor``
+    writes), as a 1-D ``object`` array of ``bytes``, in order; ``b""`` gives an empty array.
+
+    Any contiguous bytes-like object is read (``bytes``, ``bytearray``, ``memoryview``, a uint8
+    numpy array); another object raises ``TypeError``. A buffer whose last element or length
+    prefix runs past its end raises ``struct.error``, the exception Triton's reader raises.
+    """
+    view = memoryview(encoded_tensor).cast("B")
+    try:
+        return _core.decode_bytes(view, _core.count_bytes_elements(view))
+    except _core.FormatError as e:
+        raise struct.error(f"not a serialized BYTES tensor: {e}") from None
 
 
 def get_model_dir() -> str:

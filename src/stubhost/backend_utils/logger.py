@@ -61,6 +61,9 @@ def _caller(frame: FrameType | None) -> tuple[str, int]:
 class Logger:
     """Static logging methods for model code: ``pb_utils.Logger.log_info("...")``."""
 
+    # Triton binds its level enum inside Logger (``pb_utils.Logger.LogLevel.INFO``) and exports its
+    # values onto the class; ``Logger.LogLevel`` is the same enum as ``pb_utils.LogLevel``.
+    LogLevel = LogLevel
     INFO = LogLevel.INFO
     WARNING = LogLevel.WARNING
     ERROR = LogLevel.ERROR

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,22 @@ class PreferredMemory:
         return f"PreferredMemory({self.preferred_memory_type}, {self.preferred_device_id})"
 
 
+class InferenceTrace:
+    """A request's trace, as ``request.trace()`` returns it and a BLS request takes it
+    (``InferenceRequest(..., trace=request.trace())``). stubhost does not trace requests, so a
+    trace carries no context: ``get_context()`` is None, as Triton's is for an untraced request.
+    """
+
+    __slots__ = ()
+
+    def get_context(self) -> str | None:
+        """The trace's OpenTelemetry context (JSON), or None: always None in stubhost."""
+        return None
+
+
+_UNTRACED = InferenceTrace()
+
+
 class InferenceRequest:
     """One inference request: inputs, requested outputs, id, correlation id, flags, parameters."""
 
@@ -44,7 +61,8 @@ class InferenceRequest:
                  requested_output_names: Sequence[str] = (), request_id: str = "",
                  correlation_id: int | str = 0, model_version: int = -1, flags: int = 0,
                  timeout: int = 0, parameters: dict[str, Any] | str | None = None,
-                 preferred_memory: PreferredMemory | None = None, **_: Any) -> None:
+                 preferred_memory: PreferredMemory | None = None, trace: InferenceTrace = _UNTRACED,
+                 **_: Any) -> None:
         for tensor in inputs:
             if not isinstance(tensor, Tensor):
                 raise TypeError(f"inputs must be pb_utils.Tensor objects, got {type(tensor).__name__}")
@@ -62,6 +80,8 @@ class InferenceRequest:
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         if preferred_memory is not None and not isinstance(preferred_memory, PreferredMemory):
             raise TypeError("preferred_memory must be a pb_utils.PreferredMemory")
+        if not isinstance(trace, InferenceTrace):
+            raise TypeError("trace must be a pb_utils.InferenceTrace (a request's trace())")
         self._preferred_memory = preferred_memory
 
     @classmethod
@@ -93,6 +113,10 @@ class InferenceRequest:
         """Names of the outputs the caller asked for (empty: all of them)."""
         return self._requested_output_names
 
+    def trace(self) -> InferenceTrace:
+        """The request's trace, to pass on to BLS requests; it has no context (see InferenceTrace)."""
+        return _UNTRACED
+
     def request_id(self) -> str:
         """The caller's request id ("" when none was given)."""
         return self._request_id
@@ -104,6 +128,20 @@ class InferenceRequest:
     def flags(self) -> int:
         """TRITONSERVER_REQUEST_FLAG_* bits (sequence start/end)."""
         return self._flags
+
+    def set_flags(self, flags: int) -> None:
+        """Sets the request's ``TRITONSERVER_REQUEST_FLAG_*`` bits, as Triton's ``set_flags``
+        does: a BLS request sent by ``exec()`` afterwards carries them (``START | END`` opens or
+        closes a sequence on a sequence-batching model). `flags` is an unsigned 32-bit integer;
+        anything else raises ``TypeError``, as Triton's binding does."""
+        try:
+            value = operator.index(flags)
+        except TypeError:
+            value = -1
+        if not 0 <= value <= 0xFFFFFFFF:
+            raise TypeError(f"set_flags(): incompatible function arguments: flags must be an unsigned 32-bit int "
+                            f"(TRITONSERVER_REQUEST_FLAG_* bits), got {flags!r}")
+        self._flags = value
 
     def timeout(self) -> int:
         """The request's timeout in microseconds (0: none)."""
