@@ -578,6 +578,7 @@ class LoadedModel(Retirable):
         for inst in self.instances():
             inst.check_health()
             inst.process.reap()
+            inst.process.retry_cancels()  # after reap(), which frees records: their kept cancellations go
             if inst.process.overrun():
                 inst.mark_hung()
 

@@ -37,6 +37,7 @@ QUEUE_CAPACITY = 1024
 DEATH_CHECK_S = 0.1      # how often a waiting caller checks that its stub still lives
 COMPLETION_POLL_S = 0.1  # how often the completion thread also polls for replies it was not told of
 PUSH_TIMEOUT_S = 5.0     # how long a command that nobody waits for may wait for room in the queue
+KEPT_CANCELS = 1024      # cancellations kept while parent_to_stub_mq is full (StubProcess.cancel)
 
 
 # What the stub asks of the server (BLS): served by `on_call`.
@@ -103,6 +104,8 @@ class StubProcess:
         # Numbers the requests written into this pool (in a record's status), so that a
         # cancellation names one request, not whichever request uses its record now.
         self._serials = itertools.count()
+        self._cancels: list[tuple[int, int]] = []  # (record, serial) not queued yet (queue full), oldest first
+        self._cancels_lock = threading.Lock()  # SYNC: cancellers append, one retrier at a time queues
         try:
             self.control = IPCControl.create(self.pool)
             self.inbox = MessageQueue.create(self.pool, settings.queue_capacity)
@@ -511,10 +514,42 @@ class StubProcess:
             self.forget_stream(record, stream)
 
     def cancel(self, record: int, serial: int) -> None:
-        """Tells the stub that the caller of a request (its record and serial) cancelled it
-        (``is_cancelled()``); the stub ignores it once that request is over."""
-        if not self.post(Command.CANCEL_REQUEST, serial, record, timeout=0.1):
-            log.warning("stub '%s' could not be told of a cancellation", self.instance_name)
+        """Tells the stub that the caller of a request (its record, still held, and serial) cancelled it
+        (``is_cancelled()``). One that finds the queue full for 0.1 s, or older ones kept, is kept for
+        ``retry_cancels``; past KEPT_CANCELS, those whose request is over go, then the oldest (warned)."""
+        if self.dead or (not self._cancels and self.post(Command.CANCEL_REQUEST, serial, record, timeout=0.1)):
+            return  # a dead stub's requests fail anyway
+        with self._cancels_lock:
+            self._cancels.append((record, serial))
+            if len(self._cancels) > KEPT_CANCELS:
+                self._cancels = [kept for kept in self._cancels if self._holds(*kept)]
+                if (lost := len(self._cancels) - KEPT_CANCELS) > 0:
+                    del self._cancels[:lost]
+                    log.warning("stub '%s' could not be told of %d cancellations", self.instance_name, lost)
+        self.retry_cancels()
+
+    def retry_cancels(self) -> None:
+        """Queues the cancellations ``cancel`` kept, oldest first, while the queue has room, without
+        waiting (the health monitor, each pass; each later ``cancel``). One whose request is over (its
+        record freed or reused) is dropped unsent; all are, once the stub is gone."""
+        if not self._cancels or not self._cancels_lock.acquire(blocking=False):
+            return  # nothing kept, or another thread is at it
+        try:
+            kept = self._cancels
+            while kept and (self.dead or len(self.answers) < self.answers.capacity):
+                record, serial = kept[0]
+                if self._holds(record, serial) and not self.post(Command.CANCEL_REQUEST, serial, record, timeout=0):
+                    break  # no room after all (or in the pool): next time
+                del kept[0]  # queued, or its request is over, or the stub is gone
+        finally:
+            self._cancels_lock.release()
+
+    def _holds(self, record: int, serial: int) -> bool:
+        """The stub lives and `record` holds the request numbered `serial` (a freed one may read so)."""
+        try:
+            return not self.dead and request_serial(self.pool, record) == serial and self.pool.allocation_size(record) > 0
+        except (_core.CoreError, ValueError):  # ValueError: the pool is closed (the stub is gone)
+            return False
 
     def post(self, command: Command, args: int, request_id: int, timeout: float = PUSH_TIMEOUT_S) -> bool:
         """Queues a one-way message on ``parent_to_stub_mq``; False (and `args` is left to the
