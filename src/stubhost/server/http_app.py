@@ -269,8 +269,16 @@ class HttpFrontend:
             except ValueError:
                 raise InferenceError("INVALID_ARG", f"invalid Inference-Header-Content-Length '{length_text}'") \
                     from None
-        request = http_codec.decode_infer_request(name, version, body, header_length)
-        binary_default = request.parameters.get("binary_data_output", False) is True
+        if header_length == 0 or (header_length is None and not body):
+            # Triton's raw binary request: a header length of 0 (a missing header counts as the
+            # body's length, so an empty body is one too). The body is the data of the model's
+            # only input, and every output comes back binary.
+            config = self.service.model_config(name, version)
+            request = http_codec.decode_raw_request(name, version, body, config)
+            binary_default = True
+        else:
+            request = http_codec.decode_infer_request(name, version, body, header_length)
+            binary_default = request.parameters.get("binary_data_output", False) is True
         result = await self.service.infer(request)
         chunks, json_length = http_response.encode_infer_response(result, binary_default=binary_default)
         headers = [(b"content-type", b"application/octet-stream" if json_length is not None

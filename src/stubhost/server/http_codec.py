@@ -2,7 +2,9 @@
 
 ``decode_infer_request`` turns an infer request body into an :class:`InferRequest` (responses
 are encoded by :mod:`stubhost.server.http_response`; each tensor's data is decoded by
-:mod:`stubhost.server.http_tensors`). None knows about models or stubs. Malformed requests raise
+:mod:`stubhost.server.http_tensors`). ``decode_raw_request`` decodes Triton's raw binary request
+(no JSON at all), for which the caller passes the model's configuration; otherwise none knows
+about models or stubs. Malformed requests raise
 ``InferenceError("INVALID_ARG", ...)`` worded like Triton's HTTP server (``src/http_server.cc``), so clients written against Triton see the same
 messages. Everything read from the wire is bounded: shape rank, tensor size, ``data`` nesting.
 
@@ -15,12 +17,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import orjson
 
+from stubhost.config.dtypes import config_dtype_to_triton
 from stubhost.server.http_tensors import (
     MAX_DIMS,
     NOT_ARRAY,
@@ -44,6 +48,7 @@ __all__ = [
     "DEFAULT_MAX_TENSOR_BYTES",
     "MAX_DIMS",
     "decode_infer_request",
+    "decode_raw_request",
 ]
 
 DEFAULT_MAX_TENSOR_BYTES = 2**32
@@ -98,10 +103,11 @@ def decode_infer_request(
                 f"inference header size should be in range (0, {total}), got: {header_length}"
             )
         if header_length == 0:
-            # Triton reads a zero-length header as a raw binary request for a single-input
-            # model; the codec cannot name that input without the model's metadata.
+            # Triton reads a zero-length header as a raw binary request: without the model's
+            # configuration its input has no name, so the caller decodes it with decode_raw_request.
             raise invalid(
-                "raw binary requests ('Inference-Header-Content-Length' of 0) are not supported"
+                "raw binary requests ('Inference-Header-Content-Length' of 0) are decoded by "
+                "decode_raw_request, with the model's configuration"
             )
         json_end = header_length
     header = None
@@ -127,6 +133,83 @@ def decode_infer_request(
     if header is not None:
         _remember(header, doc, request, total - json_end, max_tensor_bytes)
     return request
+
+
+_NO_ID = "[request id: <id_unknown>] "
+"""How Triton's core starts its errors for a request without an id (a raw request has none)."""
+
+
+def decode_raw_request(
+    model_name: str,
+    model_version: str,
+    body: bytes | bytearray | memoryview,
+    config: Mapping[str, Any],
+    *,
+    max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
+) -> InferRequest:
+    """Decodes Triton's raw binary request (``Inference-Header-Content-Length: 0``): the whole
+    body is the data of the model's only input, whose name, datatype and shape come from the
+    model ``config`` (its JSON form), as Triton's core deduces them (``InferenceRequest::Normalize``).
+
+    The shape is the configured dims, after a batch dimension of 1 when ``max_batch_size`` is
+    not 0; one variable-sized dim takes the element count the byte size gives (rounded down:
+    a size that is not a whole number of elements then fails the same byte-size check as any
+    binary input). A BYTES input must have shape [1]: the body is its one element, with no
+    length prefix. The request has no id, no parameters and asks for every output.
+    Raises ``InferenceError("INVALID_ARG", ...)`` with Triton's wording.
+    """
+    view = memoryview(body)
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
+    entries = config.get("input") or []
+    if len(entries) != 1:
+        raise invalid(
+            f"{_NO_ID}Raw request must only have 1 input (found 1) to be deduced but got "
+            f"{len(entries)} inputs in '{model_name}' model configuration"
+        )
+    entry = entries[0]
+    name = str(entry["name"])
+    datatype = config_dtype_to_triton(str(entry.get("data_type", "TYPE_INVALID")))
+    dtype, itemsize = WIRE_DTYPES[datatype]
+    shape = [1] if int(config.get("max_batch_size", 0)) != 0 else []
+    variable = -1
+    count = 1
+    for dim in map(int, entry.get("dims", [])):
+        if dim == -1:
+            if variable != -1:
+                raise invalid(
+                    f"{_NO_ID}The shape of the raw input '{name}' can not be deduced because there "
+                    "are more than one variable-sized dimension"
+                )
+            variable = len(shape)
+        else:
+            count *= dim
+        shape.append(dim)
+    total = view.nbytes
+    if itemsize == 0:  # BYTES: Triton prepends the length itself, the body is one element
+        if variable != -1 or count != 1:
+            raise invalid(
+                f"{_NO_ID}For BYTE datatype raw input '{name}', the model must have input shape [1]"
+            )
+        _check_raw_size(name, shape, datatype, total + 4, max_tensor_bytes)
+        data = np.empty(1, dtype=object)
+        data[0] = body if type(body) is bytes else view.tobytes()
+        data = data.reshape(shape)
+    else:
+        if variable != -1:
+            shape[variable] = total // count // itemsize if count else 0
+        _check_raw_size(name, shape, datatype, total, max_tensor_bytes)
+        data = binary_tensor(view, 0, total, name, dtype, itemsize, shape, math.prod(shape), model_name)
+    return InferRequest(model_name, model_version, "", {}, [InputTensor(name, datatype, shape, data, None, {})], [])
+
+
+def _check_raw_size(name: str, shape: list[int], datatype: str, size: int, limit: int) -> None:
+    """A raw input is held to the tensor size limit of every input (the body limit comes first)."""
+    if size > limit:
+        raise invalid(
+            f"input '{name}' with shape {_dims(shape)} and datatype {datatype} is too large: more "
+            f"than {limit} bytes"
+        )
 
 
 def _parse_json(buf: memoryview) -> Any:
