@@ -22,6 +22,7 @@ import pytest
 import uvicorn
 import uvloop
 
+from stubhost.host.doorbell import SPIN_BACKOFF
 from stubhost.server.http_protocol import BODY_HIGH_WATER, HttpProtocol
 
 
@@ -396,3 +397,35 @@ def test_graceful_shutdown_completes_the_request_in_flight(server: Running) -> N
     server.thread.join(5)  # the listening socket closes with it
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+
+
+def _connection(server: Running, client: Client) -> HttpProtocol:
+    """The server's protocol object of `client`'s connection."""
+    port = client.sock.getsockname()[1]
+    return next(c for c in list(server.server.server_state.connections) if c.client and c.client[1] == port)
+
+
+def test_an_idle_server_stays_awake_a_moment_for_the_clients_next_request(server: Running) -> None:
+    """After a response with nothing else to run, the loop spins for the client's next request;
+    when none comes within NEXT_REQUEST_SPIN_S, the connection backs off from spinning."""
+    client = server.connect()
+    client.send(post("/echo", b"x"))
+    assert client.response().body == b"x"
+    conn = _connection(server, client)
+    assert wait_for(lambda: conn.next_spin.skip == SPIN_BACKOFF), "no spin ran after the response"
+    client.send(post("/echo", b"y"))  # still answered after a spin in vain
+    assert client.response().body == b"y"
+
+
+def test_a_busy_server_does_not_spin_after_a_response(server: Running) -> None:
+    """With another request running, the loop has work: a response starts no spin."""
+    busy = server.connect()
+    busy.send(get("/sleep?ms=1500"))
+    assert wait_for(server.app.started.is_set)
+    client = server.connect()
+    client.send(post("/echo", b"x"))
+    assert client.response().body == b"x"
+    conn = _connection(server, client)
+    time.sleep(0.05)  # far longer than a spin: one that ran in vain would have set the backoff
+    assert conn.next_spin.skip == 0
+    assert busy.response().body == b"1500"

@@ -35,33 +35,47 @@ _SPINNING = _Spinning()
 
 
 class AnswerSpin:
-    """Keeps an event loop awake a moment for a quick answer from one stub (or one scheduler).
+    """Keeps an event loop awake a moment for a quick answer from one stub (or one scheduler),
+    or, from an HTTP connection, for a client's next request.
 
     Where the loop would sleep until the stub's doorbell rings, the waiting coroutine instead
-    yields to the loop again and again for up to LOOP_SPIN_S: the loop runs its other work as
-    usual and polls its descriptors without blocking, so the doorbell's answer is handled
-    at once. A thread that slept costs a wake-up, and cold caches after it, which on a small VM
-    cost more than a quick model's whole execute. Unlike waiting in the loop's thread, a spin
-    holds up nothing else. A spin in vain (a slow model) turns spinning off for the next
-    SPIN_BACKOFF requests, and only one coroutine per loop spins at a time.
+    yields to the loop again and again for up to `seconds` (default LOOP_SPIN_S): the loop runs its
+    other work as usual and polls its descriptors without blocking, so the doorbell's answer is
+    handled at once. A thread that slept costs a wake-up, and cold caches after it, which on a
+    small VM cost more than a quick model's whole execute. Unlike waiting in the loop's thread,
+    a spin holds up nothing else. A spin in vain (a slow model, an idle client) turns spinning
+    off for the next SPIN_BACKOFF waits, and only one coroutine per loop spins at a time.
     """
 
-    __slots__ = ("skip",)
+    __slots__ = ("skip", "seconds")
 
-    def __init__(self) -> None:
+    def __init__(self, seconds: float | None = None) -> None:
         self.skip = 0
+        self.seconds = seconds  # None: LOOP_SPIN_S
 
-    async def wait(self, done: asyncio.Future[None], timeout: float | None) -> None:
-        """Spins until `done` is resolved, or for LOOP_SPIN_S; the caller then awaits `done`."""
+    def armed(self) -> bool:
+        """Whether a spin is worth starting now (no other spin of this loop's thread, no
+        backoff); counts the backoff down."""
         if self.skip:
             self.skip -= 1
-            return
-        if _SPINNING.on or (timeout is not None and timeout <= LOOP_SPIN_S):
-            return
+            return False
+        return not _SPINNING.on
+
+    async def wait(self, done: asyncio.Future[None], timeout: float | None) -> None:
+        """Spins until `done` is resolved, or for `seconds`; the caller then awaits `done`."""
+        seconds = LOOP_SPIN_S if self.seconds is None else self.seconds
+        if self.armed() and (timeout is None or timeout > seconds):
+            await self.until(done.done)
+
+    async def until(self, ready: Callable[[], object]) -> None:
+        """Spins until `ready()` is true, or for `seconds` (then backs off). Call it when
+        ``armed()`` said so."""
+        if _SPINNING.on:
+            return  # another coroutine began a spin meanwhile
         _SPINNING.on = True
         try:
-            end = time.monotonic() + LOOP_SPIN_S
-            while not done.done():
+            end = time.monotonic() + (LOOP_SPIN_S if self.seconds is None else self.seconds)
+            while not ready():
                 if time.monotonic() >= end:
                     self.skip = SPIN_BACKOFF
                     return

@@ -27,9 +27,12 @@ from typing import Any
 
 import httptools
 
+from stubhost.host.doorbell import AnswerSpin
+
 _log = logging.getLogger("stubhost.http")
 
 BODY_HIGH_WATER = 1 << 20  # request-body bytes buffered before reading from the socket pauses
+NEXT_REQUEST_SPIN_S = 300e-6  # how long the loop stays awake after a response for the client's next request
 PIPELINE_DEPTH = 8  # pipelined requests parsed ahead of the one being answered before reading pauses
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 _DISCONNECT = {"type": "http.disconnect"}
@@ -195,6 +198,7 @@ class HttpProtocol(asyncio.Protocol):
         self.drained: asyncio.Future[None] | None = None
         self.last_active = 0.0
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.next_spin = AnswerSpin(NEXT_REQUEST_SPIN_S)  # keeps the loop awake for this client's next request
 
     # ---- connection ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -386,6 +390,16 @@ class HttpProtocol(asyncio.Protocol):
         self.resume_reading()  # paused for a full pipeline, or for a body nobody reads any more
         if self.pending:
             self._run(self.pending[0])
+        elif len(self.state.tasks) <= 1 and self.next_spin.armed():
+            # Nothing else to run (the one task is this response's): a client that sends its next
+            # request at once (a closed loop, as perf_analyzer's) finds the loop awake, where a
+            # loop that slept in epoll costs a wake-up and cold caches. A busy loop does not spin.
+            task = self.loop.create_task(self.next_spin.until(self._next_request_came))
+            self.state.tasks.add(task)  # held, as the loop keeps only a weak reference
+            task.add_done_callback(self.state.tasks.discard)
+
+    def _next_request_came(self) -> bool:
+        return bool(self.pending) or self.closed
 
 
 def _address(address: Any) -> tuple[str, int] | None:
