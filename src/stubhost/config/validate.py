@@ -12,6 +12,7 @@ from stubhost.config.defaults import ENSEMBLE_PLATFORM, PYTHON_BACKEND
 from stubhost.config.model_config_pb2 import ModelConfig, ModelInstanceGroup
 from stubhost.config.validate_io import validate_io
 from stubhost.config.validate_scheduling import validate_scheduling
+from stubhost.config.validate_warmup import validate_warmup
 
 Kind = ModelInstanceGroup.Kind
 
@@ -40,6 +41,8 @@ def validate_config(cfg: ModelConfig, *, model_dir_name: str, source: str) -> No
       ``dims`` may never be empty, whatever ``max_batch_size`` is (Triton's rule): a scalar per
       request is written ``dims: [ 1 ]`` with ``reshape: { shape: [ ] }`` on a batching model.
     - Metric overrides name a family and give histogram buckets.
+    - ``model_warmup`` samples (see :mod:`stubhost.config.validate_warmup`): the warmup requests
+      Triton would build from them pass its checks.
     """
     check = Check(source, cfg.name)
     _validate_identity(cfg, model_dir_name, check)
@@ -52,6 +55,7 @@ def validate_config(cfg: ModelConfig, *, model_dir_name: str, source: str) -> No
     if not cfg.HasField("ensemble_scheduling"):
         _validate_instance_groups(cfg, check)
     validate_io(cfg, check)
+    validate_warmup(cfg, check)
 
 
 def _validate_identity(cfg: ModelConfig, model_dir_name: str, check: Check) -> None:

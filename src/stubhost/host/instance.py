@@ -27,6 +27,7 @@ from stubhost.host.instance_spec import InstanceSpec, initialize_stub, load_erro
 from stubhost.host.regions import RegionDestination, RegionTensor, destination_text, region_entry
 from stubhost.host.streams import ResponseStream, StreamItem, request_serial
 from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
+from stubhost.host.warmup import Warmup
 from stubhost.protocol import (
     REPLY_ERROR,
     REPLY_OK,
@@ -111,6 +112,7 @@ class ModelInstance:
         self._restarter: threading.Thread | None = None
         self._starting: StubProcess | None = None
         self._stopping = threading.Event()
+        self.warmup = Warmup(spec)  # model_warmup: run on each new stub before it is READY
         try:
             self.process = process if process is not None else StubProcess(spec.instance_name, python=spec.python,
                                                                              env=spec.env, settings=spec.stub,
@@ -122,6 +124,7 @@ class ModelInstance:
     def initialize(self) -> None:
         """Initializes the model in the stub; READY on success, raises InferenceError otherwise."""
         self.has_is_ready = initialize_stub(self.process, self.spec)
+        self.warmup.run(self, self.process)  # closes the stub on failure
         self.state = InstanceState.READY
         self._ready.set()
 
@@ -186,6 +189,7 @@ class ModelInstance:
                 if self.state is not InstanceState.RESTARTING:
                     process.kill()
                 has_is_ready = initialize_stub(process, self.spec)  # closes the process on failure
+                self.warmup.run(self, process)  # warmed up again before READY; closes it on failure
             except Exception as e:
                 log.error("Restart of instance '%s' failed: %s", self.name, e)
                 with self._lock:

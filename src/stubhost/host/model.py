@@ -156,6 +156,8 @@ class LoadedModel(Retirable):
         self.latest = max(versions)
         self.checker = RequestChecker(name, self.config_dict)
         self.stats = ModelStatistics()
+        for inst in self.instances():
+            inst.warmup.count_into(self.stats)  # warmup requests count, as in Triton
         self.decoupled = bool(config.model_transaction_policy.decoupled)
         # Sequences go straight to their instance; other requests wait in a version's queue
         # when the model batches or has several instances to choose from.
