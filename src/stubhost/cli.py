@@ -27,6 +27,7 @@ from stubhost.host.errors import InferenceError
 from stubhost.host.server import Server
 from stubhost.logs import UNESCAPED, add_log_arguments, configure_logging, flag_bool
 from stubhost.server.grpc_app import create_grpc_server
+from stubhost.server.grpc_options import GrpcOptions, add_grpc_arguments, grpc_options_from_args
 from stubhost.server.http_app import DEFAULT_MAX_BODY, HttpFrontend
 from stubhost.server.http_protocol import HttpProtocol
 from stubhost.server.backend_config import parse_backend_config
@@ -66,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how many models load at once")
     serve.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]KEY=VALUE",
                        help="e.g. python,shm-default-byte-size=16777216 (see docs/frontends.md)")
-    for flag in (*IGNORED_FLAGS, *REFUSED_WHEN_TRUE):
+    serve.add_argument("--reuse-http-port", type=flag_bool, default=False, metavar="BOOL",
+                       help="let several servers listen on the same HTTP port (each must set it)")
+    add_grpc_arguments(serve)  # tritonserver's gRPC TLS, keepalive and port-reuse flags
+    for flag in IGNORED_FLAGS:
         serve.add_argument(flag, action="append", default=[], metavar="VALUE", help=argparse.SUPPRESS)
     serve.add_argument("--load-model", action="append", default=[], metavar="NAME",
                        help="in explicit mode, a model to load at start-up ('*': all)")
@@ -98,15 +102,7 @@ IGNORED_FLAGS = {
     "--metrics-config": "metric options are fixed",
     "--http-thread-count": "HTTP runs on one event loop",
     "--grpc-infer-allocation-pool-size": "responses are not pooled",
-    "--grpc-keepalive-time": "gRPC keepalive uses grpcio's defaults",
-    "--grpc-keepalive-timeout": "gRPC keepalive uses grpcio's defaults",
-    "--grpc-keepalive-permit-without-calls": "gRPC keepalive uses grpcio's defaults",
-    "--grpc-http2-max-pings-without-data": "gRPC keepalive uses grpcio's defaults",
-    "--grpc-http2-min-recv-ping-interval-without-data": "gRPC keepalive uses grpcio's defaults",
-    "--grpc-http2-max-ping-strikes": "gRPC keepalive uses grpcio's defaults",
     "--grpc-infer-response-compression-level": "responses are compressed when the client asks",
-    "--reuse-http-port": "ports are bound once",
-    "--reuse-grpc-port": "ports are bound once",
     "--trace-config": "tracing is not supported",
     "--trace-file": "tracing is not supported",
     "--trace-level": "tracing is not supported",
@@ -120,8 +116,6 @@ IGNORED_FLAGS = {
     "--model-load-gpu-limit": "no GPU backends",
     "--model-namespacing": "model names are one namespace",
 }
-# Flags that cannot be ignored safely: a true value would promise what is not done.
-REFUSED_WHEN_TRUE = ("--grpc-use-ssl", "--grpc-use-ssl-mutual")
 
 
 def _report_ignored(args: argparse.Namespace) -> None:
@@ -136,12 +130,15 @@ def _models_to_load(args: argparse.Namespace) -> list[str] | None:
     return None if "*" in args.load_model else list(args.load_model)
 
 
-def _bind(address: str, port: int) -> socket.socket:
-    """A listening TCP socket; a taken port fails here, with Triton's words, before anything runs."""
+def _bind(address: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A listening TCP socket; a taken port fails here, with Triton's words, before anything runs
+    (unless every server on it sets `reuse_port`: the kernel then spreads connections over them)."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((address, port))
         sock.listen(1024)
     except OSError as e:
@@ -190,7 +187,7 @@ def log_model_table(service: InferenceService) -> None:
 
 
 async def _serve(args: argparse.Namespace, service: InferenceService, sockets: dict[str, socket.socket],
-                 http_limits: Restrictions, grpc_limits: Restrictions) -> None:
+                 http_limits: Restrictions, grpc_limits: Restrictions, grpc_options: GrpcOptions) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -200,7 +197,10 @@ async def _serve(args: argparse.Namespace, service: InferenceService, sockets: d
     try:
         if args.allow_grpc:
             grpc_server, port = create_grpc_server(service, f"{args.grpc_address}:{args.grpc_port}",
-                                                   restrictions=grpc_limits, max_message=args.max_request_bytes)
+                                                   restrictions=grpc_limits, max_message=args.max_request_bytes,
+                                                   options=grpc_options)
+            log.debug("GRPC KeepAlive Option = Value: %s",
+                      ", ".join(f"{k} = {v}" for k, v in grpc_options.keepalive_table()))
             await grpc_server.start()
             log.info("Started GRPCInferenceService at %s:%d", args.grpc_address, port)
         if "http" in sockets:
@@ -232,15 +232,11 @@ def serve(args: argparse.Namespace) -> int:
     if args.model_control_mode != "explicit" and args.load_model:
         print("error: --load-model needs --model-control-mode=explicit", file=sys.stderr)
         return 2
-    for flag in REFUSED_WHEN_TRUE:
-        try:
-            wanted = any(flag_bool(v) for v in getattr(args, flag.lstrip("-").replace("-", "_")))
-        except argparse.ArgumentTypeError as e:
-            print(f"error: {flag}: {e}", file=sys.stderr)
-            return 2
-        if wanted:
-            print(f"error: {flag}: TLS is not supported; put a TLS-terminating proxy in front", file=sys.stderr)
-            return 2
+    try:
+        grpc_options = grpc_options_from_args(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.model_control_mode == "poll" and not args.repository_poll_secs > 0:
         print("error: --repository-poll-secs must be positive", file=sys.stderr)
         return 2
@@ -268,7 +264,8 @@ def serve(args: argparse.Namespace) -> int:
     try:
         for name in ("http", "metrics"):
             if getattr(args, f"allow_{name}"):
-                sockets[name] = _bind(getattr(args, f"{name}_address"), getattr(args, f"{name}_port"))
+                sockets[name] = _bind(getattr(args, f"{name}_address"), getattr(args, f"{name}_port"),
+                                      reuse_port=name == "http" and args.reuse_http_port)
     except OSError as e:
         for sock in sockets.values():
             sock.close()
@@ -296,9 +293,9 @@ def serve(args: argparse.Namespace) -> int:
     try:
         try:
             import uvloop
-            uvloop.run(_serve(args, service, sockets, http_limits, grpc_limits))
+            uvloop.run(_serve(args, service, sockets, http_limits, grpc_limits, grpc_options))
         except ImportError:
-            asyncio.run(_serve(args, service, sockets, http_limits, grpc_limits))
+            asyncio.run(_serve(args, service, sockets, http_limits, grpc_limits, grpc_options))
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

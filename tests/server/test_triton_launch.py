@@ -102,7 +102,7 @@ def test_poll_mode_refuses_explicit_loads_with_tritons_words(conn: Conn) -> None
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["--grpc-use-ssl=true"], "TLS is not supported"),
+    (["--grpc-use-ssl=true"], "--grpc-use-ssl needs --grpc-server-cert"),
     (["--grpc-use-ssl=maybe"], "expected a boolean, got 'maybe'"),
     (["--backend-config=python,shm-default-byte-size=lots"], "'lots' is not an integer"),
     (["--backend-config=python"], "expected <backend>,<setting>=<value>"),

@@ -19,7 +19,9 @@ from stubhost.config import config_from_dict
 from stubhost.host.errors import InferenceError
 from stubhost.server import grpc_codec
 from stubhost.server import grpc_service_pb2 as pb
+from stubhost.server.grpc_health import health_handler
 from stubhost.server.grpc_methods import generic_handler
+from stubhost.server.grpc_options import GrpcOptions
 from stubhost.server.restricted import Restrictions
 from stubhost.server.service import EMPTY_FINAL_RESPONSE, InferenceService
 from stubhost.server.types import InferResult
@@ -297,16 +299,23 @@ class GrpcFrontend:
 
 
 def create_grpc_server(service: InferenceService, address: str, *, restrictions: Restrictions | None = None,
-                       max_message: int = MAX_MESSAGE_BYTES) -> tuple[grpc.aio.Server, int]:
+                       max_message: int = MAX_MESSAGE_BYTES,
+                       options: GrpcOptions | None = None) -> tuple[grpc.aio.Server, int]:
     """A ``grpc.aio`` server bound to ``address`` (``host:port``, port 0: any free one), not yet
-    started, and the port it is bound to. ``max_message`` bounds a message in bytes."""
+    started, and the port it is bound to. ``max_message`` bounds a message in bytes; ``options``
+    (default: tritonserver's defaults, no TLS, no port reuse) sets keepalive, TLS and port reuse.
+    Besides ``inference.GRPCInferenceService`` it serves ``grpc.health.v1.Health/Check``."""
+    options = options or GrpcOptions()
+    # Without --reuse-grpc-port a taken port must fail, not be shared with another server.
     server = grpc.aio.server(options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                                       ("grpc.max_receive_message_length", min(max_message, MAX_MESSAGE_BYTES)),
-                                      # a taken port must fail, not be shared with another server
-                                      ("grpc.so_reuseport", 0)])
-    server.add_generic_rpc_handlers((GrpcFrontend(service, restrictions).handler(),))
+                                      *options.channel_args()])
+    limits = restrictions or Restrictions()
+    server.add_generic_rpc_handlers((GrpcFrontend(service, limits).handler(),
+                                     health_handler(lambda: service.ready(), limits)))
     try:
-        port = server.add_insecure_port(address)
+        port = (server.add_secure_port(address, options.tls.credentials()) if options.tls is not None
+                else server.add_insecure_port(address))
     except RuntimeError:  # grpcio raises where older versions returned 0
         port = 0
     if port == 0:
