@@ -27,6 +27,7 @@ from stubhost.host.errors import InferenceError
 from stubhost.host.server import Server
 from stubhost.logs import UNESCAPED, add_log_arguments, configure_logging, flag_bool
 from stubhost.server.grpc_app import create_grpc_server
+from stubhost.server.header_forward import HeaderForward
 from stubhost.server.grpc_options import GrpcOptions, add_grpc_arguments, grpc_options_from_args
 from stubhost.server.http_app import DEFAULT_MAX_BODY, HttpFrontend
 from stubhost.server.http_protocol import HttpProtocol
@@ -56,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="require header KEY=VALUE for these API groups, e.g. model-repository,shared-memory:k=v")
     serve.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="APIS:KEY=VALUE",
                        help="require metadata triton-grpc-protocol-KEY=VALUE for these groups")
+    for name in ("http", "grpc"):
+        serve.add_argument(f"--{name}-header-forward-pattern", default="", metavar="REGEX",
+                           help="request headers whose name this matches (ignoring case unless it starts "
+                                "with (?-i)) reach the model as string parameters")
     serve.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_BODY,
                        help="largest request body (HTTP) or message (gRPC) accepted")
     serve.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
@@ -187,7 +192,8 @@ def log_model_table(service: InferenceService) -> None:
 
 
 async def _serve(args: argparse.Namespace, service: InferenceService, sockets: dict[str, socket.socket],
-                 http_limits: Restrictions, grpc_limits: Restrictions, grpc_options: GrpcOptions) -> None:
+                 http_limits: Restrictions, grpc_limits: Restrictions, grpc_options: GrpcOptions,
+                 http_forward: HeaderForward | None, grpc_forward: HeaderForward | None) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -198,13 +204,14 @@ async def _serve(args: argparse.Namespace, service: InferenceService, sockets: d
         if args.allow_grpc:
             grpc_server, port = create_grpc_server(service, f"{args.grpc_address}:{args.grpc_port}",
                                                    restrictions=grpc_limits, max_message=args.max_request_bytes,
-                                                   options=grpc_options)
+                                                   options=grpc_options, header_forward=grpc_forward)
             log.debug("GRPC KeepAlive Option = Value: %s",
                       ", ".join(f"{k} = {v}" for k, v in grpc_options.keepalive_table()))
             await grpc_server.start()
             log.info("Started GRPCInferenceService at %s:%d", args.grpc_address, port)
         if "http" in sockets:
-            app = HttpFrontend(service, max_body=args.max_request_bytes, restrictions=http_limits)
+            app = HttpFrontend(service, max_body=args.max_request_bytes, restrictions=http_limits,
+                               header_forward=http_forward)
             asgi.append(await _start_asgi(app, sockets["http"], args))
             log.info("Started HTTPService at %s:%d", args.http_address, sockets["http"].getsockname()[1])
         if "metrics" in sockets:
@@ -234,6 +241,8 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     try:
         grpc_options = grpc_options_from_args(args)
+        http_forward = HeaderForward.parse("--http-header-forward-pattern", args.http_header_forward_pattern)
+        grpc_forward = HeaderForward.parse("--grpc-header-forward-pattern", args.grpc_header_forward_pattern)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -293,9 +302,11 @@ def serve(args: argparse.Namespace) -> int:
     try:
         try:
             import uvloop
-            uvloop.run(_serve(args, service, sockets, http_limits, grpc_limits, grpc_options))
+            uvloop.run(_serve(args, service, sockets, http_limits, grpc_limits, grpc_options, http_forward,
+                              grpc_forward))
         except ImportError:
-            asyncio.run(_serve(args, service, sockets, http_limits, grpc_limits, grpc_options))
+            asyncio.run(_serve(args, service, sockets, http_limits, grpc_limits, grpc_options, http_forward,
+                               grpc_forward))
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -22,6 +22,7 @@ from stubhost.server import grpc_service_pb2 as pb
 from stubhost.server.grpc_health import health_handler
 from stubhost.server.grpc_methods import generic_handler
 from stubhost.server.grpc_options import GrpcOptions
+from stubhost.server.header_forward import HeaderForward
 from stubhost.server.restricted import Restrictions
 from stubhost.server.service import EMPTY_FINAL_RESPONSE, InferenceService
 from stubhost.server.types import InferResult
@@ -81,9 +82,17 @@ def _setting_value(value: pb.LogSettingsRequest.SettingValue) -> Any:
 class GrpcFrontend:
     """The servicer: one coroutine per RPC of the service."""
 
-    def __init__(self, service: InferenceService, restrictions: Restrictions | None = None) -> None:
+    def __init__(self, service: InferenceService, restrictions: Restrictions | None = None,
+                 header_forward: HeaderForward | None = None) -> None:
         self.service = service
         self.restrictions = restrictions or Restrictions()
+        self.header_forward = header_forward  # --grpc-header-forward-pattern
+
+    def _forwarded(self, context: Any) -> dict[str, str]:
+        """The call's metadata that --grpc-header-forward-pattern makes request parameters."""
+        if self.header_forward is None:
+            return {}
+        return self.header_forward.select(context.invocation_metadata() or ())
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The generic handler to add to a ``grpc.aio`` server."""
@@ -217,11 +226,12 @@ class GrpcFrontend:
                                              f"{e}") from None
 
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        return self._encode(await self.service.infer(grpc_codec.decode_infer_request(request),
-                                                     endpoint="ModelInfer RPC"))
+        decoded = grpc_codec.decode_infer_request(request)
+        decoded.forwarded = self._forwarded(context)
+        return self._encode(await self.service.infer(decoded, endpoint="ModelInfer RPC"))
 
-    async def _stream_one(self, request: pb.ModelInferRequest,
-                          out: asyncio.Queue[pb.ModelStreamInferResponse | None]) -> None:
+    async def _stream_one(self, request: pb.ModelInferRequest, out: asyncio.Queue[pb.ModelStreamInferResponse | None],
+                          forwarded: dict[str, str]) -> None:
         """Streams the responses of one request of a ModelStreamInfer call into `out`. With the
         request parameter ``triton_enable_empty_final_response`` every response says whether it
         is the last (``triton_final_response``) and a final flag sent alone is sent too, as in
@@ -232,6 +242,7 @@ class GrpcFrontend:
 
         try:
             decoded = grpc_codec.decode_infer_request(request)
+            decoded.forwarded = forwarded  # the stream's metadata applies to each of its requests
         except InferenceError as e:
             await out.put(failed(e.message))
             return
@@ -271,8 +282,10 @@ class GrpcFrontend:
         done: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         pending: set[asyncio.Task[None]] = set()
 
+        forwarded = self._forwarded(context)
+
         async def run(request: pb.ModelInferRequest) -> None:
-            await self._stream_one(request, done)
+            await self._stream_one(request, done, forwarded)
 
         async def read_all() -> None:
             try:
@@ -299,8 +312,8 @@ class GrpcFrontend:
 
 
 def create_grpc_server(service: InferenceService, address: str, *, restrictions: Restrictions | None = None,
-                       max_message: int = MAX_MESSAGE_BYTES,
-                       options: GrpcOptions | None = None) -> tuple[grpc.aio.Server, int]:
+                       max_message: int = MAX_MESSAGE_BYTES, options: GrpcOptions | None = None,
+                       header_forward: HeaderForward | None = None) -> tuple[grpc.aio.Server, int]:
     """A ``grpc.aio`` server bound to ``address`` (``host:port``, port 0: any free one), not yet
     started, and the port it is bound to. ``max_message`` bounds a message in bytes; ``options``
     (default: tritonserver's defaults, no TLS, no port reuse) sets keepalive, TLS and port reuse.
@@ -311,7 +324,7 @@ def create_grpc_server(service: InferenceService, address: str, *, restrictions:
                                       ("grpc.max_receive_message_length", min(max_message, MAX_MESSAGE_BYTES)),
                                       *options.channel_args()])
     limits = restrictions or Restrictions()
-    server.add_generic_rpc_handlers((GrpcFrontend(service, limits).handler(),
+    server.add_generic_rpc_handlers((GrpcFrontend(service, limits, header_forward).handler(),
                                      health_handler(lambda: service.ready(), limits)))
     try:
         port = (server.add_secure_port(address, options.tls.credentials()) if options.tls is not None

@@ -24,6 +24,7 @@ import orjson
 from stubhost.host.errors import InferenceError
 from stubhost.host.repository import FILE_PARAMETER_PREFIX
 from stubhost.server import generate, http_codec, http_response
+from stubhost.server.header_forward import HeaderForward
 from stubhost.server.restricted import Restrictions
 from stubhost.server.service import InferenceService
 
@@ -100,10 +101,11 @@ class HttpFrontend:
     the ``--http-restricted-api`` groups (403 without the header)."""
 
     def __init__(self, service: InferenceService, *, max_body: int = DEFAULT_MAX_BODY,
-                 restrictions: Restrictions | None = None) -> None:
+                 restrictions: Restrictions | None = None, header_forward: HeaderForward | None = None) -> None:
         self.service = service
         self.max_body = max_body
         self.restrictions = restrictions or Restrictions()
+        self.header_forward = header_forward  # --http-header-forward-pattern
 
     def _guard(self, scope: Scope, category: str) -> None:
         if not self.restrictions:
@@ -279,6 +281,8 @@ class HttpFrontend:
         else:
             request = http_codec.decode_infer_request(name, version, body, header_length)
             binary_default = request.parameters.get("binary_data_output", False) is True
+        if self.header_forward is not None:
+            request.forwarded = self.header_forward.select(scope["headers"])
         result = await self.service.infer(request)
         chunks, json_length = http_response.encode_infer_response(result, binary_default=binary_default)
         headers = [(b"content-type", b"application/octet-stream" if json_length is not None

@@ -57,7 +57,7 @@ def _request_controls(request: InferRequest) -> tuple[dict[str, Any], int | str,
     """
     params = request.parameters
     if not params:
-        return {}, 0, 0, None, 0
+        return dict(request.forwarded), 0, 0, None, 0
     correlation = params.get(_SEQUENCE_ID, 0)
     if isinstance(correlation, bool) or not isinstance(correlation, (int, str)):
         raise InferenceError("INVALID_ARG", f"parameter '{_SEQUENCE_ID}' must be an integer or a string")
@@ -78,6 +78,7 @@ def _request_controls(request: InferRequest) -> tuple[dict[str, Any], int | str,
     if isinstance(priority, bool) or not isinstance(priority, int) or priority < 0:
         raise InferenceError("INVALID_ARG", f"parameter '{_PRIORITY}' must be a non-negative integer")
     model_params = {k: v for k, v in params.items() if k not in _RESERVED}
+    model_params.update(request.forwarded)  # after the controls: a forwarded header steers nothing
     return model_params, correlation, flags, timeout, priority
 
 

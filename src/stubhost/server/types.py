@@ -61,6 +61,7 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     inputs: list[InputTensor] = field(default_factory=list)
     outputs: list[RequestedOutput] = field(default_factory=list)
+    forwarded: dict[str, str] = field(default_factory=dict)  # headers forwarded as string parameters
 
 
 @dataclass(slots=True)
