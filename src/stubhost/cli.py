@@ -32,6 +32,7 @@ from stubhost.server.grpc_options import GrpcOptions, add_grpc_arguments, grpc_o
 from stubhost.server.http_app import DEFAULT_MAX_BODY, HttpFrontend
 from stubhost.server.http_protocol import HttpProtocol
 from stubhost.server.backend_config import parse_backend_config
+from stubhost.server.cache_config import CacheCreateError, CacheFlagError, parse_cache_settings
 from stubhost.server.metrics import MetricsApp
 from stubhost.server.restricted import Restrictions
 from stubhost.server.service import InferenceService
@@ -72,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how many models load at once")
     serve.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]KEY=VALUE",
                        help="e.g. python,shm-default-byte-size=16777216 (see docs/frontends.md)")
+    serve.add_argument("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
+                       help="the response cache, e.g. local,size=1048576 (only 'local')")
+    serve.add_argument("--response-cache-byte-size", action="append", default=[], metavar="BYTES",
+                       help="deprecated: the same as --cache-config local,size=BYTES")
     serve.add_argument("--reuse-http-port", type=flag_bool, default=False, metavar="BOOL",
                        help="let several servers listen on the same HTTP port (each must set it)")
     add_grpc_arguments(serve)  # tritonserver's gRPC TLS, keepalive and port-reuse flags
@@ -99,8 +104,6 @@ IGNORED_FLAGS = {
     "--pinned-memory-pool-byte-size": "tensors cross in each stub's shared-memory pool",
     "--cuda-memory-pool-byte-size": "GPU memory is not pooled",
     "--min-supported-compute-capability": "no GPU backends",
-    "--response-cache-byte-size": "there is no response cache",
-    "--cache-config": "there is no response cache",
     "--allow-cpu-metrics": "CPU metrics follow --allow-metrics",
     "--allow-gpu-metrics": "there are no GPU metrics",
     "--metrics-interval-ms": "metrics are read at each scrape",
@@ -259,6 +262,16 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     for line in backend.report:
         log.info("%s", line)
+    try:
+        cache = parse_cache_settings(args.cache_config, args.response_cache_byte_size)
+    except CacheFlagError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except CacheCreateError as e:
+        print(f"error: creating server: Invalid argument - {e}", file=sys.stderr)
+        return 1
+    for line in cache.report:  # the size in force at INFO, flags that do less than asked at WARNING
+        log.log(logging.INFO if line.startswith("Response Cache") else logging.WARNING, "%s", line)
     _report_ignored(args)
     for name in ("http", "grpc", "metrics"):
         if getattr(args, f"{name}_address") is None:
@@ -284,7 +297,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         server = Server(args.model_repository, models=_models_to_load(args), exit_on_error=args.exit_on_error,
                         auto_complete_config=auto_complete, load_threads=args.model_load_thread_count,
-                        stub_settings=backend.stub,
+                        stub_settings=backend.stub, response_cache_bytes=cache.size,
                         poll_interval=args.repository_poll_secs if args.model_control_mode == "poll" else None)
     except (InferenceError, OSError, KeyboardInterrupt) as e:
         for sock in sockets.values():

@@ -19,6 +19,7 @@ from stubhost.host.ensemble import ModelLookup
 from stubhost.host.errors import InferenceError
 from stubhost.host.execution_env import ENV_PARAMETER, ExecutionEnvError, ExecutionEnvs, env_path_of
 from stubhost.host.instance_spec import RestartPolicy
+from stubhost.host.response_cache import ResponseCache
 from stubhost.host.stub_process import StubProcess, StubSettings
 
 
@@ -39,6 +40,7 @@ class LoadOptions:
     lookup: ModelLookup | None = None  # the server's loaded models by name (ensembles run them)
     stub: StubSettings = field(default_factory=StubSettings)
     envs: ExecutionEnvs = field(default_factory=ExecutionEnvs)  # models' EXECUTION_ENV_PATH environments
+    response_cache: ResponseCache | None = None  # the server's response cache (None: the server has none)
 
     def stub_launch(self, cfg: ModelConfig, model_dir: str | os.PathLike[str]) -> tuple[str | None, dict[str, str]]:
         """The interpreter (None: this one) and the environment a model's stubs start with: its

@@ -32,6 +32,7 @@ from stubhost.config import (
 )
 from stubhost.config.defaults import ENSEMBLE_PLATFORM
 from stubhost.host.answers import ExecuteResult
+from stubhost.host.cache_use import install as install_cache
 from stubhost.host.ensemble import EnsembleModel
 from stubhost.gpu.cuda import device_ids
 from stubhost.host.instance_groups import instance_placements
@@ -67,8 +68,9 @@ def _load_ensemble(model_dir: ModelDir, cfg: ModelConfig, source: str, options: 
                                   f"model '{model_dir.name}'")
     if options.lookup is None:
         raise InferenceError("INVALID_ARG", f"ensemble '{model_dir.name}' can only be loaded by a server")
-    classes = read_output_classes(model_dir.path, cfg, source)
-    return EnsembleModel.load(model_dir, cfg, versions, options.lookup, classes)
+    ensemble = EnsembleModel.load(model_dir, cfg, versions, options.lookup, read_output_classes(model_dir.path, cfg, source))
+    install_cache(ensemble, options.response_cache, source)  # top-level requests, as Triton caches them
+    return ensemble
 
 
 def _auto_complete(process: StubProcess, cfg: ModelConfig, file: Path, model_dir: ModelDir, source: str,
@@ -145,7 +147,7 @@ class LoadedModel(Retirable):
     """A model with all its versions' instances running (a reload retires it: see Retirable)."""
 
     def __init__(self, name: str, model_dir: ModelDir, config: ModelConfig,
-                 versions: dict[int, list[ModelInstance]], *, classes: OutputClasses) -> None:
+                 versions: dict[int, list[ModelInstance]], *, classes: OutputClasses, cache: Any = None) -> None:
         Retirable.__init__(self)
         self.name = name
         self.model_dir = model_dir
@@ -168,6 +170,7 @@ class LoadedModel(Retirable):
             for version, group in versions.items():
                 if config.HasField("dynamic_batching") or len(group) > 1:
                     self.schedulers[version] = Scheduler(name, version, group, config, self.decoupled)
+        self.cache_use = install_cache(self, cache)  # the server's response cache (None: not used)
 
     # ---- loading ---------------------------------------------------------------------------------
     @classmethod
@@ -219,7 +222,7 @@ class LoadedModel(Retirable):
         except BaseException:
             first.close()
             raise
-        return cls._start(name, model_dir, cfg, specs, first, classes)
+        return cls._start(name, model_dir, cfg, specs, first, classes, options.response_cache)
 
     @staticmethod
     def _instance_specs(name: str, model_dir: ModelDir, cfg: ModelConfig, versions: Sequence[int],
@@ -240,7 +243,7 @@ class LoadedModel(Retirable):
 
     @classmethod
     def _start(cls, name: str, model_dir: ModelDir, cfg: ModelConfig, specs: list[InstanceSpec],
-               first: StubProcess, classes: OutputClasses) -> LoadedModel:
+               first: StubProcess, classes: OutputClasses, cache: Any = None) -> LoadedModel:
         """Starts every stub at once (their interpreters boot in parallel), then initializes them."""
         instances: list[ModelInstance] = []
         try:
@@ -267,7 +270,7 @@ class LoadedModel(Retirable):
             versions.setdefault(inst.spec.version, []).append(inst)
         log.info("successfully loaded '%s' version(s) %s with %d instance(s)", name,
                  ",".join(map(str, sorted(versions))), len(instances))
-        return cls(name, model_dir, cfg, versions, classes=classes)
+        return cls(name, model_dir, cfg, versions, classes=classes, cache=cache)
 
     # ---- serving ---------------------------------------------------------------------------------
     def instances(self) -> list[ModelInstance]:

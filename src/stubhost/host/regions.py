@@ -50,18 +50,21 @@ class RegionTensor:
     """An input tensor whose bytes are ``byte_size`` bytes at ``offset`` in ``region``.
 
     Duck-types the parts of an array that request checking reads (``dtype``, ``shape``,
-    ``reshape``). The parent never reads the bytes: only the stub does, through its mapping.
+    ``reshape``). The parent never sends the bytes: the stub reads them through its mapping.
+    ``view``, when the front end has the region mapped, is its read-only view of those bytes:
+    the response cache hashes them (host/response_cache.py).
     """
 
-    __slots__ = ("region", "offset", "byte_size", "dtype", "shape")
+    __slots__ = ("region", "offset", "byte_size", "dtype", "shape", "view")
 
     def __init__(self, region: ClientRegion, offset: int, byte_size: int, dtype: Any,
-                 shape: tuple[int, ...]) -> None:
+                 shape: tuple[int, ...], view: memoryview | None = None) -> None:
         self.region = region
         self.offset = offset
         self.byte_size = byte_size
         self.dtype = np.dtype(dtype)
         self.shape = tuple(int(d) for d in shape)
+        self.view = view
 
     @property
     def ndim(self) -> int:
@@ -72,7 +75,7 @@ class RegionTensor:
         """The same bytes seen with another shape of the same element count."""
         if math.prod(shape) != math.prod(self.shape):
             raise ValueError(f"cannot reshape {self.shape} to {tuple(shape)}")
-        return RegionTensor(self.region, self.offset, self.byte_size, self.dtype, tuple(shape))
+        return RegionTensor(self.region, self.offset, self.byte_size, self.dtype, tuple(shape), self.view)
 
     def __repr__(self) -> str:
         return (f"RegionTensor(region={self.region.id}, offset={self.offset}, byte_size={self.byte_size}, "

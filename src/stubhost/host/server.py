@@ -48,6 +48,7 @@ from stubhost.host.repository import (
 )
 from stubhost.host.regions import RegionDestination
 from stubhost.host.load_plan import ensemble_models, load_waves, override_config, with_dependencies
+from stubhost.host.response_cache import ResponseCache
 from stubhost.host.result import InferResponse
 from stubhost.host.retirement import RetiringModels
 from stubhost.host.server_threads import poll_repositories, track, untrack, watch
@@ -66,7 +67,8 @@ class Server:
     that fails to load fail the constructor; otherwise it is logged and ``ready()`` stays False.
     ``restart`` controls automatic restarts of crashed or hung stubs. ``poll_interval`` (seconds)
     turns on Triton's poll mode (see ``poll``); ``load_threads`` bounds how many models load at
-    once; ``stub_settings`` sizes each stub's shared memory. All methods are thread-safe.
+    once; ``stub_settings`` sizes each stub's shared memory; ``response_cache_bytes`` (None or 0:
+    none) gives the server a response cache of that many bytes. All methods are thread-safe.
     """
 
     def __init__(self, model_repository: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
@@ -75,14 +77,15 @@ class Server:
                  auto_complete_config: bool = True, restart: RestartPolicy | bool = True,
                  init_timeout: float = 120.0, finalize_timeout: float = 30.0,
                  poll_interval: float | None = None, load_threads: int = 8,
-                 stub_settings: StubSettings | None = None) -> None:
+                 stub_settings: StubSettings | None = None, response_cache_bytes: int | None = None) -> None:
         self.repositories = _paths(model_repository)
         self.repository = self.repositories[0]
         policy = restart if isinstance(restart, RestartPolicy) else RestartPolicy(enabled=bool(restart))
         self._options = LoadOptions(python=python_executable, env=dict(env) if env is not None else None,
                                     auto_complete=auto_complete_config, init_timeout_s=init_timeout,
                                     finalize_timeout_s=finalize_timeout, restart=policy,
-                                    stub=stub_settings or StubSettings())
+                                    stub=stub_settings or StubSettings(),
+                                    response_cache=ResponseCache.of(response_cache_bytes))
         self.stub_settings = self._options.stub
         self.custom_metrics = CustomMetrics()  # what models declare with pb_utils.MetricFamily
         self._bls = BlsService(self)

@@ -37,6 +37,7 @@ _DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "com
 # The durations every successful request adds to, in the order of `_VersionStats.successes`.
 _SUCCESS_DURATIONS = ("success", "queue", "compute_input", "compute_infer", "compute_output")
 _BATCH_DURATIONS = ("compute_input", "compute_infer", "compute_output")
+_HIT, _MISS = -2, -3  # the batch-size slot of a pending cache hit or miss (-1: a failure)
 
 
 @dataclass
@@ -44,7 +45,7 @@ class _VersionStats:
     # Successful requests: their count, then the ns of each of _SUCCESS_DURATIONS. One flat list
     # rather than a [count, ns] pair per duration: folding a request is then six additions.
     successes: list[int] = field(default_factory=lambda: [0] * (1 + len(_SUCCESS_DURATIONS)))
-    # The other durations (fail, and the cache's, which stay 0): [count, ns] each.
+    # The other durations (fail, cache_hit, cache_miss): [count, ns] each.
     durations: dict[str, list[int]] = field(
         default_factory=lambda: {k: [0, 0] for k in _DURATIONS if k not in _SUCCESS_DURATIONS})
     # Executions by the batch size they ran: their count, then the ns of each of _BATCH_DURATIONS.
@@ -92,6 +93,42 @@ class ModelStatistics:
         if len(self._pending) >= self.FOLD_EVERY:
             self._fold()
 
+    def record_cache_hit(self, version: int, begin: int, queue_start: int, lookup_start: int, lookup_end: int,
+                         done: int) -> None:
+        """A request answered from the response cache, counted as Triton's UpdateSuccessCacheHit
+        counts it: a success (count and time), queue (`queue_start` to `lookup_start`), and
+        cache_hit (the lookup); no inference, execution or compute time, and last_inference
+        stays as it is."""
+        self._pending.append((version, _HIT, begin, queue_start, lookup_start, lookup_end, done))
+        if len(self._pending) >= self.FOLD_EVERY:
+            self._fold()
+
+    def record_cache_miss(self, version: int, duration: int) -> None:
+        """A successful request the cache did not have (its success is recorded apart):
+        cache_miss counts it with `duration` (lookup and insertion, ns), which is added to its
+        success time too, as Triton's UpdateSuccessCacheMiss does."""
+        self._pending.append((version, _MISS, duration))
+        if len(self._pending) >= self.FOLD_EVERY:
+            self._fold()
+
+    def _fold_cache(self, record: tuple[int, ...]) -> None:
+        """Adds a cache hit or miss into the totals (the caller holds the lock)."""
+        stats = self._version(record[0])
+        if record[1] == _MISS:
+            duration = max(record[2], 0)
+            stats.successes[1] += duration
+            entry = stats.durations["cache_miss"]
+            entry[0] += 1
+            entry[1] += duration
+            return
+        _, _, begin, queue_start, lookup_start, lookup_end, done = record
+        stats.successes[0] += 1
+        stats.successes[1] += max(done - begin, 0)
+        stats.successes[2] += max(lookup_start - queue_start, 0)
+        entry = stats.durations["cache_hit"]
+        entry[0] += 1
+        entry[1] += max(lookup_end - lookup_start, 0)
+
     def _fold(self) -> None:
         """Adds the pending requests into the totals."""
         with self._lock:
@@ -101,6 +138,9 @@ class ModelStatistics:
                     record = pending.popleft()
                 except IndexError:
                     break
+                if record[1] <= _HIT:
+                    self._fold_cache(record)
+                    continue
                 if record[1] < 0:
                     version, _, begin, done, reason = record
                     stats = self._version(version)

@@ -11,7 +11,10 @@ so requests pay nothing for them:
   ``nv_inference_request_duration_us``, ``nv_inference_queue_duration_us``,
   ``nv_inference_compute_input_duration_us``, ``nv_inference_compute_infer_duration_us``,
   ``nv_inference_compute_output_duration_us``;
-- the gauge ``nv_inference_pending_request_count`` (``LoadedModel.pending``).
+- the gauge ``nv_inference_pending_request_count`` (``LoadedModel.pending``);
+- for models that use the response cache only, the counters ``nv_cache_num_hits_per_model``,
+  ``nv_cache_hit_duration_per_model``, ``nv_cache_num_misses_per_model`` and
+  ``nv_cache_miss_duration_per_model`` (µs).
 
 Then, on Linux, the server-wide gauges ``nv_cpu_utilization``, ``nv_cpu_memory_total_bytes`` and
 ``nv_cpu_memory_used_bytes`` (read from /proc as Triton reads them), and last the models' own
@@ -44,6 +47,7 @@ class _VersionFigures:
     entry: dict[str, Any]     # its statistics-extension entry (``model_stats``)
     failures: dict[str, int]  # failures by reason
     pending: int
+    cached: bool = False      # the model uses the server's response cache
 
 
 def _count(*path: str) -> Callable[[_VersionFigures], list[tuple[Labels, int]]]:
@@ -95,6 +99,18 @@ _MODEL_FAMILIES: tuple[tuple[str, str, str, Callable[[_VersionFigures], list[tup
     ("nv_inference_pending_request_count", "Instantaneous number of pending requests awaiting execution per-model.",
      "gauge", _pending),
 )
+# Triton's per-model cache families (metrics.cc), written only for the versions of models that use
+# the response cache (as Triton creates them only then), and left out while no model does.
+_CACHE_FAMILIES: tuple[tuple[str, str, str, Callable[[_VersionFigures], list[tuple[Labels, int]]]], ...] = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", "counter",
+     _count("inference_stats", "cache_hit", "count")),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds", "counter",
+     _micros("cache_hit")),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", "counter",
+     _count("inference_stats", "cache_miss", "count")),
+    ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds",
+     "counter", _micros("cache_miss")),
+)
 
 
 def _number(value: float) -> str:
@@ -114,7 +130,7 @@ def _figures(server: Server) -> list[_VersionFigures]:
         for entry in model.statistics():
             version = int(entry["version"])
             out.append(_VersionFigures(model.name, entry["version"], entry, model.stats.failures(version),
-                                       model.pending(version)))
+                                       model.pending(version), getattr(model, "cache_use", None) is not None))
     return out
 
 
@@ -128,6 +144,11 @@ def _model_lines(server: Server) -> list[str]:
         for f in figures:
             for labels, value in samples(f):
                 lines.append(_sample(name, (("model", f.model), ("version", f.version), *labels), value))
+    cached = [f for f in figures if f.cached]
+    for name, text, kind, samples in _CACHE_FAMILIES if cached else ():
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        lines += [_sample(name, (("model", f.model), ("version", f.version), *labels), value)
+                  for f in cached for labels, value in samples(f)]
     return lines
 
 

@@ -357,7 +357,9 @@ class InferenceService:
         region = lease.region
         if isinstance(region, CudaRegion) and dtype.kind == "O":
             return self._cuda_bytes_input(tensor, lease)
-        return RegionTensor(_client_region(region), lease.offset, lease.byte_size, dtype, tuple(tensor.shape))
+        # The lease's view of a system region lets the response cache hash the input in place.
+        return RegionTensor(_client_region(region), lease.offset, lease.byte_size, dtype, tuple(tensor.shape),
+                            lease.buffer)
 
     @staticmethod
     def _cuda_bytes_input(tensor: InputTensor, lease: RegionLease) -> np.ndarray:
