@@ -88,6 +88,11 @@ def _validate_tensor(kind: str, index: int, io: Tensor, cfg: ModelConfig, check:
         )
 
 
+def dims_text(dims: Sequence[int]) -> str:
+    """Triton's DimsListToString, as its messages print shapes: ``[1,3,-1]``."""
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
 def _all_valid_dims(dims: Sequence[int]) -> bool:
     return all(d >= 1 or d == WILDCARD_DIM for d in dims)
 

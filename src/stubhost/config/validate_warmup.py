@@ -20,12 +20,14 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 
 from stubhost.config._check import Check
+from stubhost.config.dtypes import config_dtype_to_triton
 from stubhost.config.model_config_pb2 import (
     DataType,
     ModelConfig,
     ModelInput,
     ModelWarmup,
 )
+from stubhost.config.validate_io import dims_text
 
 _ID = "[request id: <id_unknown>] "  # Triton's LogRequest() of a request without an id
 _BATCH_NOTE = (
@@ -40,13 +42,7 @@ def protocol_name(data_type: int) -> str:
     """Triton's DataTypeToProtocolString: ``FP32``, ``BYTES`` for strings, ``<invalid>``."""
     if data_type == DataType.TYPE_INVALID:
         return "<invalid>"
-    name = DataType.Name(data_type)
-    return "BYTES" if name == "TYPE_STRING" else name.removeprefix("TYPE_")
-
-
-def dims_text(dims: list[int]) -> str:
-    """Triton's DimsListToString: ``[1,3,-1]``."""
-    return "[" + ",".join(str(d) for d in dims) + "]"
+    return config_dtype_to_triton(DataType.Name(data_type))
 
 
 def _names_text(names: list[str]) -> str:

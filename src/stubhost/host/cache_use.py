@@ -169,7 +169,7 @@ def install(model: Any, cache: ResponseCache | None, source: str = "") -> CacheU
         raise ConfigError(source or model.name, f"Response Cache does not currently support model {model.name} "
                                                 "with 'decoupled' transaction policy. Please disable the response "
                                                 "cache.", field="response_cache")
-    use = model.cache_use = CacheUse(model, cache)
+    use = CacheUse(model, cache)
     # Instance attributes shadow the methods, so every caller of the model takes the cache's path.
     if hasattr(model, "_submit"):  # a LoadedModel (Retirable calls these)
         model._infer = functools.partial(use.infer, model._infer)

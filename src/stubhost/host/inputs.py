@@ -14,6 +14,7 @@ import numpy as np
 
 from stubhost import _core
 from stubhost.config.dtypes import config_dtype_to_triton
+from stubhost.config.validate_io import dims_text
 from stubhost.host.errors import InferenceError
 from stubhost.host.regions import RegionDestination, RegionOutput, RegionTensor
 from stubhost.tensor import numpy_to_triton_dtype
@@ -41,10 +42,6 @@ def _spec(entry: Mapping[str, Any]) -> TensorSpec:
     return TensorSpec(str(entry["name"]), int(_core.dtype_from_name(name)), name,
                       tuple(int(d) for d in entry.get("dims", [])), bool(entry.get("optional", False)),
                       reshape_dims)
-
-
-def _shape_text(shape: Sequence[int]) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 class RequestChecker:
@@ -95,8 +92,8 @@ class RequestChecker:
             if len(dims) != len(spec.dims) or any(d != -1 and d != s for d, s in zip(spec.dims, dims)):
                 expected = ([-1] if self.max_batch_size > 0 else []) + list(spec.dims)
                 raise self._error(request_id, f"unexpected shape for input '{name}' for model "
-                                              f"'{self.model_name}'. Expected {_shape_text(expected)}, got "
-                                              f"{_shape_text(shape)}. ")
+                                              f"'{self.model_name}'. Expected {dims_text(expected)}, got "
+                                              f"{dims_text(shape)}. ")
             if spec.reshape is not None:
                 array = array.reshape(tuple(shape[:1] if self.max_batch_size > 0 else ()) + spec.reshape)
             else:

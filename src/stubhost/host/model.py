@@ -69,7 +69,7 @@ def _load_ensemble(model_dir: ModelDir, cfg: ModelConfig, source: str, options: 
     if options.lookup is None:
         raise InferenceError("INVALID_ARG", f"ensemble '{model_dir.name}' can only be loaded by a server")
     ensemble = EnsembleModel.load(model_dir, cfg, versions, options.lookup, read_output_classes(model_dir.path, cfg, source))
-    install_cache(ensemble, options.response_cache, source)  # top-level requests, as Triton caches them
+    ensemble.cache_use = install_cache(ensemble, options.response_cache, source)  # top-level requests, as Triton
     return ensemble
 
 

@@ -268,25 +268,20 @@ class Warmup:
         count = math.prod(spec.dims)
         if spec.source != "input_data_file":
             return np.array([b""] * count, dtype=object).reshape(shape)
-        data, elements, offset = self._read(spec), [], 0
-        while offset < len(data) and len(elements) <= count:
-            if offset + 4 > len(data):
-                raise InferenceError("INVALID_ARG", f"{_ID}element byte size indicator exceeds the end of the buffer")
-            length = int.from_bytes(data[offset:offset + 4], "little")
-            if offset + 4 + length > len(data):
-                raise InferenceError("INVALID_ARG", f"{_ID}element byte size indicator exceeds the end of the buffer")
-            elements.append(data[offset + 4:offset + 4 + length])
-            offset += 4 + length
+        data = memoryview(self._read(spec))
+        try:
+            found = _core.count_bytes_elements(data)  # the BYTES layout's one reader
+        except _core.FormatError:
+            raise InferenceError("INVALID_ARG", f"{_ID}element byte size indicator exceeds the end of the "
+                                                "buffer") from None
         model = self.spec.model_name
-        if len(elements) < count:
+        if found < count:
             raise InferenceError("INVALID_ARG", f"{_ID}expected {count} string elements for inference input "
-                                                f"'{spec.name}' for model '{model}', got {len(elements)}")
-        if len(elements) > count:
-            raise InferenceError("INVALID_ARG", f"{_ID}unexpected number of string elements {len(elements)} for "
+                                                f"'{spec.name}' for model '{model}', got {found}")
+        if found > count:
+            raise InferenceError("INVALID_ARG", f"{_ID}unexpected number of string elements {found} for "
                                                 f"inference input '{spec.name}' for model '{model}', expecting {count}")
-        array = np.empty(count, dtype=object)
-        array[:] = elements
-        return array.reshape(shape)
+        return _core.decode_bytes(data, count).reshape(shape)
 
     def _read(self, spec: _Input) -> bytes:
         path = os.path.join(self.spec.model_dir, WARMUP_FOLDER, spec.file)

@@ -55,10 +55,7 @@ CATEGORY_OF_METHOD = {
 
 
 def _refusal(restrictions: Restrictions, method: str, context: grpc.aio.ServicerContext) -> str | None:
-    if not restrictions:
-        return None
-    metadata = dict(context.invocation_metadata() or ())
-    return restrictions.refusal(CATEGORY_OF_METHOD[method], metadata.get, grpc=True)
+    return restrictions.call_refusal(CATEGORY_OF_METHOD[method], context.invocation_metadata)
 
 
 def _guarded(handler: Handler, method: str, restrictions: Restrictions) -> Handler:

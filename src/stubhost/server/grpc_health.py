@@ -55,11 +55,9 @@ def health_handler(ready: Callable[[], bool], restrictions: Restrictions) -> grp
     """``grpc.health.v1.Health`` with ``Check`` answering from `ready()`, for a ``grpc.aio`` server."""
 
     async def check(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if restrictions:
-            metadata = dict(context.invocation_metadata() or ())
-            refusal = restrictions.refusal("health", metadata.get, grpc=True)
-            if refusal is not None:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
+        refusal = restrictions.call_refusal("health", context.invocation_metadata)
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
         return HealthCheckResponse(status=SERVING if ready() else NOT_SERVING)
 
     return grpc.method_handlers_generic_handler(SERVICE_NAME, {

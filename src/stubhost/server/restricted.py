@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 CATEGORIES = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
               "statistics", "trace", "logging")
@@ -55,6 +56,13 @@ class Restrictions:
 
     def __bool__(self) -> bool:
         return bool(self.by_category)
+
+    def call_refusal(self, category: str, metadata: Callable[[], Iterable[tuple[str, Any]] | None]) -> str | None:
+        """The refusal of a gRPC call of `category`, whose metadata `metadata()` gives (read only
+        when something is restricted); None when it may proceed."""
+        if not self.by_category:
+            return None
+        return self.refusal(category, dict(metadata() or ()).get, grpc=True)
 
     def refusal(self, category: str, header_value: Callable[[str], str | None], *, grpc: bool) -> str | None:
         """The message refusing a request of `category` whose headers (looked up by
