@@ -34,6 +34,7 @@ from stubhost.server.http_protocol import HttpProtocol
 from stubhost.server.backend_config import parse_backend_config
 from stubhost.server.cache_config import CacheCreateError, CacheFlagError, parse_cache_settings
 from stubhost.server.metrics import MetricsApp
+from stubhost.server.metrics_config import MetricsFlagError, parse_metrics_config
 from stubhost.server.restricted import Restrictions
 from stubhost.server.service import InferenceService
 from stubhost.server.trace_config import TraceFlagError, parse_trace_config
@@ -56,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
         serve.add_argument(f"--{name}-port", type=int, default=port, help=f"{name} port (0: any free port)")
         serve.add_argument(f"--{name}-address", default=None, metavar="ADDR", help="default 0.0.0.0")
         serve.add_argument(f"--allow-{name}", type=flag_bool, default=True, metavar="BOOL")
+    serve.add_argument("--allow-cpu-metrics", type=flag_bool, default=True, metavar="BOOL",
+                       help="serve the CPU gauges (nv_cpu_*) on the metrics endpoint")
+    serve.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE",
+                       help="a metrics setting (repeatable): counter_latencies=false, summary_latencies=true, "
+                            "summary_quantiles=<q>:<err>,... (see docs/frontends.md)")
     serve.add_argument("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
                        help="require header KEY=VALUE for these API groups, e.g. model-repository,shared-memory:k=v")
     serve.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="APIS:KEY=VALUE",
@@ -117,10 +123,8 @@ IGNORED_FLAGS = {
     "--pinned-memory-pool-byte-size": "tensors cross in each stub's shared-memory pool",
     "--cuda-memory-pool-byte-size": "GPU memory is not pooled",
     "--min-supported-compute-capability": "no GPU backends",
-    "--allow-cpu-metrics": "CPU metrics follow --allow-metrics",
     "--allow-gpu-metrics": "there are no GPU metrics",
     "--metrics-interval-ms": "metrics are read at each scrape",
-    "--metrics-config": "metric options are fixed",
     "--http-thread-count": "HTTP runs on one event loop",
     "--grpc-infer-allocation-pool-size": "responses are not pooled",
     "--rate-limit": "the rate limiter is not supported",
@@ -225,7 +229,8 @@ async def _serve(args: argparse.Namespace, service: InferenceService, sockets: d
             asgi.append(await _start_asgi(app, sockets["http"], args))
             log.info("Started HTTPService at %s:%d", args.http_address, sockets["http"].getsockname()[1])
         if "metrics" in sockets:
-            asgi.append(await _start_asgi(MetricsApp(service.server), sockets["metrics"], args))
+            app = MetricsApp(service.server, cpu_metrics=args.allow_cpu_metrics)
+            asgi.append(await _start_asgi(app, sockets["metrics"], args))
             log.info("Started Metrics Service at %s:%d", args.metrics_address, sockets["metrics"].getsockname()[1])
         await stop.wait()
         log.info("stopping: no new requests; waiting up to %ss for requests in flight", args.exit_timeout_secs)
@@ -291,6 +296,13 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     for line in trace.report:
         log.warning("%s", line)
+    try:
+        metrics_config = parse_metrics_config(args.metrics_config)
+    except MetricsFlagError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for level, line in metrics_config.report:
+        log.log(logging.ERROR if level == "ERROR" else logging.WARNING, "%s", line)
     _report_ignored(args)
     for name in ("http", "grpc", "metrics"):
         if getattr(args, f"{name}_address") is None:
@@ -316,7 +328,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         server = Server(args.model_repository, models=_models_to_load(args), exit_on_error=args.exit_on_error,
                         auto_complete_config=auto_complete, load_threads=args.model_load_thread_count,
-                        model_load_retry_count=args.model_load_retry_count,
+                        model_load_retry_count=args.model_load_retry_count, metrics_config=metrics_config,
                         stub_settings=backend.stub, response_cache_bytes=cache.size,
                         poll_interval=args.repository_poll_secs if args.model_control_mode == "poll" else None)
     except (InferenceError, OSError, KeyboardInterrupt) as e:

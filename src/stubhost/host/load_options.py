@@ -20,6 +20,7 @@ from stubhost.host.errors import InferenceError
 from stubhost.host.execution_env import ENV_PARAMETER, ExecutionEnvError, ExecutionEnvs, env_path_of
 from stubhost.host.instance_spec import RestartPolicy
 from stubhost.host.response_cache import ResponseCache
+from stubhost.host.stats import LatencySummary
 from stubhost.host.stub_process import StubProcess, StubSettings
 
 
@@ -42,6 +43,8 @@ class LoadOptions:
     envs: ExecutionEnvs = field(default_factory=ExecutionEnvs)  # models' EXECUTION_ENV_PATH environments
     response_cache: ResponseCache | None = None  # the server's response cache (None: the server has none)
     load_retry_count: int = 0  # attempts after a failed one before a load fails (--model-load-retry-count)
+    # makes each latency summary of a model version (None: none kept; --metrics-config summary_latencies)
+    latency_summary: Callable[[], LatencySummary] | None = None
 
     def __post_init__(self) -> None:
         count = self.load_retry_count

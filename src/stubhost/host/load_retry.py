@@ -30,10 +30,14 @@ def load_model(model_dir: ModelDir, options: LoadOptions, config: ModelConfig | 
     attempt = 1
     while True:
         try:
-            return LoadedModel.load(model_dir, options, config)
+            model = LoadedModel.load(model_dir, options, config)
         except InferenceError as e:
             if attempt > retries or stopped():
                 raise
             log.error("failed to load '%s' (attempt %d of %d), trying again: %s", model_dir.name, attempt,
                       retries + 1, e.message)
-        attempt += 1
+            attempt += 1
+            continue
+        if options.latency_summary is not None:  # before anything reads its statistics
+            model.stats.observe_latencies(options.latency_summary)
+        return model

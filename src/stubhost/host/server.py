@@ -23,7 +23,7 @@ import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -55,6 +55,9 @@ from stubhost.host.retirement import RetiringModels
 from stubhost.host.server_threads import poll_repositories, track, untrack, watch
 from stubhost.host.stub_process import StubSettings
 
+if TYPE_CHECKING:  # the metrics layer's options; only read here (server -> host, never back)
+    from stubhost.server.metrics_config import MetricsConfig
+
 log = logging.getLogger("stubhost")
 
 SERVER_NAME = "stubhost"
@@ -70,7 +73,10 @@ class Server:
     turns on Triton's poll mode (see ``poll``); ``load_threads`` bounds how many models load at
     once; ``model_load_retry_count`` is how many more times a failed load is tried before it
     fails; ``stub_settings`` sizes each stub's shared memory; ``response_cache_bytes`` (None or 0:
-    none) gives the server a response cache of that many bytes. All methods are thread-safe.
+    none) gives the server a response cache of that many bytes; ``metrics_config`` (a
+    ``stubhost.server.metrics_config.MetricsConfig``, tritonserver's ``--metrics-config``) sets
+    what ``render_metrics`` shows and whether latency summaries are kept. All methods are
+    thread-safe.
     """
 
     def __init__(self, model_repository: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
@@ -80,7 +86,7 @@ class Server:
                  init_timeout: float = 120.0, finalize_timeout: float = 30.0,
                  poll_interval: float | None = None, load_threads: int = 8,
                  stub_settings: StubSettings | None = None, response_cache_bytes: int | None = None,
-                 model_load_retry_count: int = 0) -> None:
+                 model_load_retry_count: int = 0, metrics_config: MetricsConfig | None = None) -> None:
         self.repositories = _paths(model_repository)
         self.repository = self.repositories[0]
         policy = restart if isinstance(restart, RestartPolicy) else RestartPolicy(enabled=bool(restart))
@@ -89,7 +95,9 @@ class Server:
                                     finalize_timeout_s=finalize_timeout, restart=policy,
                                     stub=stub_settings or StubSettings(),
                                     response_cache=ResponseCache.of(response_cache_bytes),
-                                    load_retry_count=model_load_retry_count)
+                                    load_retry_count=model_load_retry_count,
+                                    latency_summary=metrics_config.summary_factory() if metrics_config else None)
+        self.metrics_config = metrics_config
         self.stub_settings = self._options.stub
         self.custom_metrics = CustomMetrics()  # what models declare with pb_utils.MetricFamily
         self._bls = BlsService(self)

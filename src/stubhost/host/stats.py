@@ -19,6 +19,12 @@ metrics endpoint shows (``nv_inference_request_failure{reason=...}``):
 - CANCELED: its caller gave up on it (a cancelled call, or the caller's own timeout)
 - BACKEND: the model or its stub failed it (an error response, a crash, a bad answer)
 - OTHER: anything else (its inputs were refused, the model was unloading)
+
+With ``observe_latencies`` (``--metrics-config summary_latencies=true``) each version also feeds
+Triton's latency summaries, in whole µs, as Triton's InferenceStatsAggregator does: a success
+observes its request, queue and three compute durations; a cache hit its queue and lookup time; a
+cache miss its lookup and insertion time; a failure nothing. They are observed when the requests
+are folded (at the request's own end instant), so requests pay nothing more for them.
 """
 
 from __future__ import annotations
@@ -26,8 +32,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, Protocol
+
+import numpy as np
 
 REJECTED, CANCELED, BACKEND, OTHER = "REJECTED", "CANCELED", "BACKEND", "OTHER"
 FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)  # Triton's set, in the order it declares them
@@ -38,6 +48,35 @@ _DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "com
 _SUCCESS_DURATIONS = ("success", "queue", "compute_input", "compute_infer", "compute_output")
 _BATCH_DURATIONS = ("compute_input", "compute_infer", "compute_output")
 _HIT, _MISS = -2, -3  # the batch-size slot of a pending cache hit or miss (-1: a failure)
+# The latency summaries a version keeps, in Triton's order of summary families.
+LATENCY_KINDS = ("request", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
+
+
+class LatencySummary(Protocol):
+    """One latency summary of one model version (the metrics endpoint provides them)."""
+
+    def observe_many(self, values: Sequence[float] | np.ndarray, at_ns: Sequence[int] | np.ndarray) -> None:
+        """Observations (µs), each made at its CLOCK_MONOTONIC instant."""
+
+    def snapshot(self, now_ns: int) -> Any:
+        """What a scrape at `now_ns` shows."""
+
+
+@dataclass
+class _Observed:
+    """A fold's observations for one version's summaries: rows of ns instants and durations."""
+
+    successes: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)  # done, the 5 durations
+    hits: list[tuple[int, int, int]] = field(default_factory=list)  # done, queue, lookup
+    misses: list[tuple[int, int]] = field(default_factory=list)  # at, lookup + insertion
+
+
+def _observed(observed: dict[int, _Observed], version: int) -> _Observed:
+    """The version's rows in a fold's observations."""
+    rows = observed.get(version)
+    if rows is None:
+        rows = observed[version] = _Observed()
+    return rows
 
 
 @dataclass
@@ -70,6 +109,8 @@ class ModelStatistics:
         self._lock = threading.Lock()
         self._versions: dict[int, _VersionStats] = {}
         self._pending: deque[tuple[int, ...]] = deque()
+        self._new_summary: Callable[[], LatencySummary] | None = None  # None: no latency summaries
+        self._summaries: dict[int, dict[str, LatencySummary]] = {}
 
     def _version(self, version: int) -> _VersionStats:
         stats = self._versions.get(version)
@@ -108,11 +149,13 @@ class ModelStatistics:
         """A successful request the cache did not have (its success is recorded apart):
         cache_miss counts it with `duration` (lookup and insertion, ns), which is added to its
         success time too, as Triton's UpdateSuccessCacheMiss does."""
-        self._pending.append((version, _MISS, duration))
+        # (its instant only matters to the summaries, so the clock is read only for them)
+        self._pending.append((version, _MISS, duration) if self._new_summary is None
+                             else (version, _MISS, duration, time.monotonic_ns()))
         if len(self._pending) >= self.FOLD_EVERY:
             self._fold()
 
-    def _fold_cache(self, record: tuple[int, ...]) -> None:
+    def _fold_cache(self, record: tuple[int, ...], observed: dict[int, _Observed] | None) -> None:
         """Adds a cache hit or miss into the totals (the caller holds the lock)."""
         stats = self._version(record[0])
         if record[1] == _MISS:
@@ -121,6 +164,9 @@ class ModelStatistics:
             entry = stats.durations["cache_miss"]
             entry[0] += 1
             entry[1] += duration
+            if observed is not None:
+                at = record[3] if len(record) > 3 else time.monotonic_ns()
+                _observed(observed, record[0]).misses.append((at, duration))
             return
         _, _, begin, queue_start, lookup_start, lookup_end, done = record
         stats.successes[0] += 1
@@ -129,10 +175,16 @@ class ModelStatistics:
         entry = stats.durations["cache_hit"]
         entry[0] += 1
         entry[1] += max(lookup_end - lookup_start, 0)
+        if observed is not None:
+            _observed(observed, record[0]).hits.append(
+                (done, max(lookup_start - queue_start, 0), max(lookup_end - lookup_start, 0)))
 
     def _fold(self) -> None:
-        """Adds the pending requests into the totals."""
+        """Adds the pending requests into the totals (and the latency summaries, if kept)."""
         with self._lock:
+            observed: dict[int, _Observed] | None = {} if self._new_summary is not None else None
+            # (without summaries, each request is folded exactly as before: no extra argument)
+            fold_success = self._fold_success if observed is None else partial(self._fold_success, observed=observed)
             pending = self._pending
             while pending:
                 try:
@@ -140,7 +192,7 @@ class ModelStatistics:
                 except IndexError:
                     break
                 if record[1] <= _HIT:
-                    self._fold_cache(record)
+                    self._fold_cache(record, observed)
                     continue
                 if record[1] < 0:
                     version, _, begin, done, reason = record
@@ -151,10 +203,12 @@ class ModelStatistics:
                     stats.failures[reason if reason in stats.failures else OTHER] += 1
                     stats.last_done = max(stats.last_done, done)
                     continue
-                self._fold_success(*record)
+                fold_success(*record)
+            if observed:
+                self._observe(observed)
 
     def _fold_success(self, version: int, batch_size: int, begin: int, sent: int, exec_start: int, exec_end: int,
-                      done: int, execution: int) -> None:
+                      done: int, execution: int, observed: dict[int, _Observed] | None = None) -> None:
         """Adds one successful request into the totals (the caller holds the lock)."""
         # The stub's instants are untrusted: clamped into the request's own interval
         # (min(max(...)) written out, as this runs once per request).
@@ -178,6 +232,9 @@ class ModelStatistics:
         stats.inference_count += batch_size
         if done > stats.last_done:
             stats.last_done = done
+        if observed is not None:
+            _observed(observed, version).successes.append((done, done - begin, exec_start - sent, c_input, c_infer,
+                                                           c_output))
         if not execution:
             return
         # batch_stats count executions, keyed by the batch size they ran
@@ -189,6 +246,51 @@ class ModelStatistics:
         batch[2] += c_infer
         batch[3] += c_output
         stats.execution_count += 1
+
+    def observe_latencies(self, new_summary: Callable[[], LatencySummary]) -> None:
+        """Keeps Triton's latency summaries from now on, per version: one of each of
+        ``LATENCY_KINDS``, made by `new_summary`. Requests recorded but not folded yet count."""
+        with self._lock:
+            self._new_summary = new_summary
+
+    def _kinds(self, version: int) -> dict[str, LatencySummary]:
+        """The version's summaries, made on first use (the caller holds the lock)."""
+        kinds = self._summaries.get(version)
+        if kinds is None:
+            assert self._new_summary is not None
+            kinds = self._summaries[version] = {kind: self._new_summary() for kind in LATENCY_KINDS}
+        return kinds
+
+    def _observe(self, observed: dict[int, _Observed]) -> None:
+        """Hands a fold's observations to the summaries, in whole µs (the caller holds the lock)."""
+        for version, rows in observed.items():
+            kinds = self._kinds(version)
+            queue: list[tuple[np.ndarray, np.ndarray]] = []
+            if rows.successes:
+                table = np.array(rows.successes, dtype=np.int64)
+                at, micros = table[:, 0], np.maximum(table[:, 1:], 0) // 1000
+                queue.append((micros[:, 1], at))
+                for column, kind in ((0, "request"), (2, "compute_input"), (3, "compute_infer"),
+                                     (4, "compute_output")):
+                    kinds[kind].observe_many(micros[:, column], at)
+            if rows.hits:
+                table = np.array(rows.hits, dtype=np.int64)
+                queue.append((table[:, 1] // 1000, table[:, 0]))
+                kinds["cache_hit"].observe_many(table[:, 2] // 1000, table[:, 0])
+            if queue:
+                kinds["queue"].observe_many(np.concatenate([v for v, _ in queue]), np.concatenate([t for _, t in queue]))
+            if rows.misses:
+                table = np.array(rows.misses, dtype=np.int64)
+                kinds["cache_miss"].observe_many(table[:, 1] // 1000, table[:, 0])
+
+    def latency_summaries(self, version: int, now_ns: int) -> dict[str, Any]:
+        """The version's latency summaries as a scrape at `now_ns` shows them, by kind (``{}``
+        unless ``observe_latencies`` was called)."""
+        if self._new_summary is None:
+            return {}
+        self._fold()
+        with self._lock:
+            return {kind: summary.snapshot(now_ns) for kind, summary in self._kinds(version).items()}
 
     def failures(self, version: int) -> dict[str, int]:
         """The version's failures by reason (every reason of ``FAILURE_REASONS``, 0 if none)."""

@@ -17,12 +17,21 @@ so requests pay nothing for them:
   ``nv_cache_miss_duration_per_model`` (µs).
 
 Then, on Linux, the server-wide gauges ``nv_cpu_utilization``, ``nv_cpu_memory_total_bytes`` and
-``nv_cpu_memory_used_bytes`` (read from /proc as Triton reads them), and last the models' own
-metrics (``pb_utils.MetricFamily``).
+``nv_cpu_memory_used_bytes`` (read from /proc as Triton reads them; ``--allow-cpu-metrics false``
+leaves them out), and the models' own metrics (``pb_utils.MetricFamily``).
+
+The server's ``MetricsConfig`` (``--metrics-config``) changes two things, as in Triton 2.51:
+``counter_latencies=false`` leaves out the five ``*_duration_us`` counters and the per-model cache
+counters; ``summary_latencies=true`` adds, last (Triton's registry writes summaries after every
+other kind), a summary per model version of each latency, with ``_count``, ``_sum`` and one series
+per quantile (label ``quantile`` after the others, as prometheus-cpp writes it). For a version
+that uses the response cache there is no request summary (Triton leaves it out then) and there
+are cache hit and miss summaries instead.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -32,6 +41,8 @@ from typing import Any
 from stubhost.host.custom_metrics import escape_label
 from stubhost.host.server import Server
 from stubhost.host.stats import FAILURE_REASONS
+from stubhost.server.metrics_config import MetricsConfig
+from stubhost.server.quantiles import SummarySnapshot
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
@@ -99,6 +110,10 @@ _MODEL_FAMILIES: tuple[tuple[str, str, str, Callable[[_VersionFigures], list[tup
     ("nv_inference_pending_request_count", "Instantaneous number of pending requests awaiting execution per-model.",
      "gauge", _pending),
 )
+# The counters --metrics-config counter_latencies=false leaves out (with the cache families below).
+_LATENCY_COUNTERS = frozenset({"nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+                               "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
+                               "nv_inference_compute_output_duration_us"})
 # Triton's per-model cache families (metrics.cc), written only for the versions of models that use
 # the response cache (as Triton creates them only then), and left out while no model does.
 _CACHE_FAMILIES: tuple[tuple[str, str, str, Callable[[_VersionFigures], list[tuple[Labels, int]]]], ...] = (
@@ -113,13 +128,49 @@ _CACHE_FAMILIES: tuple[tuple[str, str, str, Callable[[_VersionFigures], list[tup
 )
 
 
+# Triton's latency summaries (metrics.cc), in its order: (name, HELP, kind of ModelStatistics'
+# latency_summaries, which versions have one: None all, True those using the cache, False the others)
+_SUMMARY_FAMILIES: tuple[tuple[str, str, str, bool | None], ...] = (
+    ("nv_inference_request_summary_us",
+     "Summary of inference request duration in microseconds (includes cached requests)", "request", False),
+    ("nv_inference_queue_summary_us",
+     "Summary of inference queuing duration in microseconds (includes cached requests)", "queue", None),
+    ("nv_inference_compute_input_summary_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)", "compute_input", None),
+    ("nv_inference_compute_infer_summary_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)", "compute_infer",
+     None),
+    ("nv_inference_compute_output_summary_us",
+     "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+     "compute_output", None),
+    ("nv_cache_hit_summary_per_model", "Summary of cache hit counts/durations per model, in microseconds.",
+     "cache_hit", True),
+    ("nv_cache_miss_summary_per_model", "Summary of cache miss counts/durations per model, in microseconds.",
+     "cache_miss", True),
+)
+
+
 def _number(value: float) -> str:
-    """A sample value as Triton writes it: integers without a fraction."""
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
+    """A sample value as Triton writes it: integers without a fraction (NaN and infinities as
+    prometheus-cpp writes them)."""
+    value = float(value)
+    if not math.isfinite(value):
+        return "Nan" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def _quantile_label(phi: float) -> str:
+    """A quantile label as prometheus-cpp writes it (%g with 16 significant digits)."""
+    return _number(phi) if not math.isfinite(phi) else f"{phi:.16g}"
+
+
+def _label_text(labels: Iterable[tuple[str, str]]) -> str:
+    """``key="value",...``, sorted by key (Triton's label maps are ordered)."""
+    return ",".join(f'{key}="{escape_label(val)}"' for key, val in sorted(labels))
 
 
 def _sample(name: str, labels: Iterable[tuple[str, str]], value: float) -> str:
-    text = ",".join(f'{key}="{escape_label(val)}"' for key, val in sorted(labels))
+    text = _label_text(labels)
     return f"{name}{{{text}}} {_number(value)}" if text else f"{name} {_number(value)}"
 
 
@@ -134,17 +185,19 @@ def _figures(server: Server) -> list[_VersionFigures]:
     return out
 
 
-def _model_lines(server: Server) -> list[str]:
+def _model_lines(figures: list[_VersionFigures], config: MetricsConfig) -> list[str]:
     """The per-model-version families (their HELP and TYPE lines even with no model loaded)."""
-    figures = [] if server.closed else _figures(server)
     lines: list[str] = []
     for name, text, kind, samples in _MODEL_FAMILIES:
+        if name in _LATENCY_COUNTERS and not config.counter_latencies:
+            continue
         lines.append(f"# HELP {name} {text}")
         lines.append(f"# TYPE {name} {kind}")
         for f in figures:
             for labels, value in samples(f):
                 lines.append(_sample(name, (("model", f.model), ("version", f.version), *labels), value))
-    cached = [f for f in figures if f.cached]
+    # (Triton makes its cache counters with the latency counters, so they go with them)
+    cached = [f for f in figures if f.cached] if config.counter_latencies else []
     for name, text, kind, samples in _CACHE_FAMILIES if cached else ():
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
         lines += [_sample(name, (("model", f.model), ("version", f.version), *labels), value)
@@ -230,26 +283,60 @@ class CpuMetrics:
         return lines
 
 
+def _summary_lines(server: Server, figures: list[_VersionFigures]) -> list[str]:
+    """The latency summaries of every version that keeps them (families without one left out,
+    as prometheus-cpp leaves out a family without metrics)."""
+    models = {model.name: model for model in server.loaded()}
+    now = time.monotonic_ns()
+    kept: list[tuple[_VersionFigures, dict[str, Any]]] = []
+    for f in figures:
+        model = models.get(f.model)
+        snapshots = model.stats.latency_summaries(int(f.version), now) if model is not None else {}
+        if snapshots:
+            kept.append((f, snapshots))
+    lines: list[str] = []
+    for name, text, kind, cached in _SUMMARY_FAMILIES:
+        series = [(f, snapshots[kind]) for f, snapshots in kept if cached is None or f.cached == cached]
+        if not series:
+            continue
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} summary"]
+        for f, snap in series:
+            assert isinstance(snap, SummarySnapshot)
+            labels = (("model", f.model), ("version", f.version))
+            lines.append(_sample(f"{name}_count", labels, snap.count))
+            lines.append(_sample(f"{name}_sum", labels, snap.sum))
+            own = _label_text(labels)  # then the quantile, last, as prometheus-cpp adds it
+            lines += [f'{name}{{{own},quantile="{_quantile_label(phi)}"}} {_number(value)}'
+                      for phi, value in snap.quantiles]
+    return lines
+
+
 def render_metrics(server: Server, cpu: CpuMetrics | None = None) -> bytes:
-    """The Prometheus text exposition (format 0.0.4) of the server's metrics.
+    """The Prometheus text exposition (format 0.0.4) of the server's metrics, as the server's
+    ``metrics_config`` (None: Triton's defaults) asks.
 
     Written out here rather than through prometheus_client: that library names every counter
     sample ``<name>_total``, and Triton's dashboards and alerts expect ``nv_inference_count``
     itself to be a counter.
     """
-    lines = _model_lines(server)
+    config = getattr(server, "metrics_config", None) or MetricsConfig()
+    figures = [] if server.closed else _figures(server)
+    lines = _model_lines(figures, config)
     if cpu is not None:
         lines += cpu.render()
     lines += server.custom_metrics.render()  # the models' own (pb_utils.MetricFamily)
+    if config.summary_latencies and figures:
+        lines += _summary_lines(server, figures)
     return ("\n".join(lines) + "\n").encode()
 
 
 class MetricsApp:
-    """A plain ASGI app serving ``GET /metrics`` in the Prometheus text format."""
+    """A plain ASGI app serving ``GET /metrics`` in the Prometheus text format; ``cpu_metrics``
+    (``--allow-cpu-metrics``) False leaves the CPU gauges out."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server, *, cpu_metrics: bool = True) -> None:
         self.server = server
-        self.cpu = CpuMetrics()
+        self.cpu = CpuMetrics() if cpu_metrics else None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
