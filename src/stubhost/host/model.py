@@ -52,6 +52,7 @@ from stubhost.host.result import InferResponse
 from stubhost.host.scheduler import Scheduler
 from stubhost.host.tickets import Ticket
 from stubhost.host.trace import RequestTrace
+from stubhost.host.sequence_batcher import SequenceScheduler
 from stubhost.host.sequence_controls import SequenceControls
 from stubhost.host.sequences import SequenceRouter
 from stubhost.host.stats import BACKEND, CANCELED, OTHER, ModelStatistics
@@ -118,15 +119,18 @@ class LoadedModel(Retirable):
         for inst in self.instances():
             inst.warmup.count_into(self.stats)  # warmup requests count, as in Triton
         self.decoupled = bool(config.model_transaction_policy.decoupled)
-        # Sequences go straight to their instance; other requests wait in a version's queue
-        # when the model batches or has several instances to choose from.
+        # Sequences go straight to their instance, or (a model that batches) through the
+        # sequence batcher; other requests wait in a version's queue when the model batches or
+        # has several instances to choose from.
         self.sequences = SequenceRouter(name, config) if config.HasField("sequence_batching") else None
         self.controls = SequenceControls.of(name, config) if self.sequences is not None else None
         self.schedulers: dict[int, Scheduler] = {}
-        if self.sequences is None:
-            for version, group in versions.items():
-                if config.HasField("dynamic_batching") or len(group) > 1:
-                    self.schedulers[version] = Scheduler(name, version, group, config, self.decoupled)
+        for version, group in versions.items():
+            if self.sequences is not None and config.max_batch_size > 0:
+                self.schedulers[version] = SequenceScheduler(name, version, group, config, self.decoupled,
+                                                             self.controls)
+            elif self.sequences is None and (config.HasField("dynamic_batching") or len(group) > 1):
+                self.schedulers[version] = Scheduler(name, version, group, config, self.decoupled)
         self.cache_use = install_cache(self, cache)  # the server's response cache (None: not used)
 
     # ---- loading ---------------------------------------------------------------------------------
@@ -252,11 +256,7 @@ class LoadedModel(Retirable):
         tensors = self.checker.check_inputs(inputs, request_id)
         requested = self.checker.check_outputs(outputs, request_id)
         if self.sequences is not None:
-            if self._batch_size(tensors) > 1:
-                raise InferenceError("INVALID_ARG", f"inference request to model '{self.name}' must specify batch-size 1 "
-                                                    "due to requirements of sequence batcher")
-            if self.controls is not None:  # before routing: a request refused here opens no sequence
-                tensors = self.controls.add(tensors, correlation_id, flags)
+            tensors = self._sequence_tensors(tensors, self._batch_size(tensors), correlation_id, flags)
             return self.sequences.route(version, group, correlation_id, flags), tensors, requested
         instance = group[0]
         if len(group) > 1:
@@ -271,8 +271,19 @@ class LoadedModel(Retirable):
         tensors = self.checker.check_inputs(inputs, request_id)
         requested = self.checker.check_outputs(outputs, request_id)
         size = self._batch_size(tensors)
+        if self.sequences is not None:
+            tensors = self._sequence_tensors(tensors, size, correlation_id, flags)
         return Ticket(tensors, requested, request_id, parameters, correlation_id, flags, timeout_us, size, priority,
                       begin)
+
+    def _sequence_tensors(self, tensors: list[tuple[str, Any, int]], size: int, correlation_id: int | str,
+                          flags: int) -> list[tuple[str, Any, int]]:
+        """A sequence request's tensors and its control inputs; refuses a batch above 1 (Triton's
+        words). Runs before routing: a request refused here opens no sequence."""
+        if size > 1:
+            raise InferenceError("INVALID_ARG", f"inference request to model '{self.name}' must specify batch-size 1 "
+                                                "due to requirements of sequence batcher")
+        return self.controls.add(tensors, correlation_id, flags) if self.controls is not None else tensors
 
     def _batch_size(self, tensors: list[tuple[str, Any, int]]) -> int:
         """A checked request's batch dimension (1 for a model that does not batch)."""

@@ -41,7 +41,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from stubhost import _core
@@ -116,7 +116,7 @@ class Scheduler:
             ticket.enqueued = now = time.monotonic_ns()
             if self.timeouts:
                 ticket.deadline = level.policy.deadline(now, ticket.timeout_us)
-            level.queue.append(ticket)
+            self._enqueue(ticket, level)
             self._queued += 1
             if self.preserve_ordering:
                 self._order.append(ticket)
@@ -160,6 +160,10 @@ class Scheduler:
         return state
 
     # ---- batches ---------------------------------------------------------------------------------
+    def _enqueue(self, ticket: Ticket, level: Level) -> None:
+        """Puts a request in its queue (lock held; a sequence batcher routes it: sequence_batcher.py)."""
+        level.queue.append(ticket)
+
     def _level_index(self, priority: int) -> int:
         """Triton's rule: priority 0, or one beyond the levels, means the default level."""
         if priority <= 0 or priority > len(self.levels):
@@ -196,13 +200,14 @@ class Scheduler:
             self._wake_timer()
         return batches
 
-    def _batch_count(self, now: int) -> int:
+    def _batch_count(self, now: int, tickets: Iterable[Ticket] | None = None, since: int = 0) -> int:
         """How many queued requests form the next batch now (0: it should wait). Triton's rule:
         a batch that reached a preferred size goes at once, cut at the largest one it reached
         (or where it outgrew the largest), unless the queue delay ran out; otherwise it goes
         whole once it outgrew the largest preferred size or ``max_batch_size``, or once the
         delay ran out (at once without a delay). A request whose inputs differ from the first
-        one's (``EqualInputs``) ends the batch as ``max_batch_size`` does."""
+        one's (``EqualInputs``) ends the batch as ``max_batch_size`` does. `tickets`: the candidates
+        in order (default: the queue), `since`: when the delay started (default: the oldest's queuing)."""
         if not self.batching or self.max_batch_size == 0:
             return 1
         total = count = best = 0
@@ -210,7 +215,7 @@ class Scheduler:
         full = False
         check = self.equal_inputs is not None
         key = None
-        for ticket in self._ordered():
+        for ticket in self._ordered() if tickets is None else tickets:
             if not count:
                 key = ticket.batch_key  # the first request fixes the batch's shapes
             else:
@@ -227,7 +232,7 @@ class Scheduler:
             count += 1
             if total in self.preferred:
                 best = count
-        delay_over = bool(self.delay_ns) and now - oldest >= self.delay_ns
+        delay_over = bool(self.delay_ns) and now - (since or oldest) >= self.delay_ns
         if best and not delay_over:
             return best
         if full or total >= self.max_preferred or delay_over or not self.delay_ns:
@@ -312,7 +317,7 @@ class Scheduler:
                 outcomes = instance.outcomes(process, message, [t.record for t in batch], batch[0].sent)
                 # The batch's execution is counted with its first request that did not fail.
                 for ticket, outcome in zip(batch, outcomes):
-                    if not isinstance(outcome, InferenceError):
+                    if ticket.wake is not None and not isinstance(outcome, InferenceError):  # (a filler has no caller)
                         ticket.first_in_batch = True
                         break
                 for ticket, outcome in zip(batch, outcomes):
@@ -431,8 +436,9 @@ class Scheduler:
             for ticket in expired:
                 self._settle(ticket, InferenceError("UNAVAILABLE", "Request timeout expired"), REJECTED)
             for ticket in failed:
-                self._settle(ticket, InferenceError("UNAVAILABLE", f"Stub process '{self.instances[0].name}' is "
-                                                                   "not healthy."))
+                self._settle(ticket, InferenceError("UNAVAILABLE", f"Stub process "
+                                                                   f"'{(ticket.instance or self.instances[0]).name}' "
+                                                                   "is not healthy."))
             self._send(batches)
 
     def _expire(self, now: int) -> list[Ticket]:
@@ -462,6 +468,10 @@ class Scheduler:
         if not self._queued or any(i.state in (InstanceState.READY, InstanceState.RESTARTING, InstanceState.STARTING)
                                    for i in self.instances):
             return []
+        return self._take_all()
+
+    def _take_all(self) -> list[Ticket]:
+        """Empties the queue; returns what it held (lock held)."""
         failed = list(self._ordered())
         for level in self.levels:
             level.queue.clear()
@@ -473,11 +483,7 @@ class Scheduler:
         """Refuses new requests and fails the queued ones (the model is unloading)."""
         with self._lock:
             self._stopped = True
-            failed = list(self._ordered())
-            for level in self.levels:
-                level.queue.clear()
-                level.delayed.clear()
-            self._queued = 0
+            failed = self._take_all()
             self._wakeup.notify_all()
             timer = self._timer
         for ticket in failed:

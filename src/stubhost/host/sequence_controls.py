@@ -6,8 +6,8 @@ Each configured control becomes an input of the request, which the model reads l
 
 - ``CONTROL_SEQUENCE_START``, ``_END``, ``_READY``: one value, the false or the true entry of
   ``int32_false_true`` (INT32), ``fp32_false_true`` (FP32) or ``bool_false_true`` (BOOL). START is
-  true on a request with the START flag, END on one with the END flag, READY on every request (a
-  request from a client is always ready; Triton's "not ready" slots of a batch do not exist here).
+  true on a request with the START flag, END on one with the END flag, READY on every request from
+  a client (false only in the fillers of empty batch slots, ``not_ready``).
 - ``CONTROL_SEQUENCE_CORRID``: the request's correlation id in the control's ``data_type``
   (UINT64, INT64, UINT32, INT32 as Triton copies it: the id's low bytes; STRING: the id's text).
 
@@ -66,6 +66,7 @@ class SequenceControls:
                 by_kind[control.kind] = (control_input.name, control)
         # Four variants, indexed by flags & (START | END): START and END each false or true.
         variants: list[dict[str, Entry]] = [{} for _ in range(4)]
+        not_ready: dict[str, Entry] = {}  # a batch slot without a request: every control false
         self._corrid: tuple[str, np.dtype, int, str] | None = None  # name, dtypes, config type name
         for kind in _ORDER:
             if kind not in by_kind:
@@ -74,7 +75,7 @@ class SequenceControls:
             if kind == Control.CONTROL_SEQUENCE_CORRID:
                 type_name = DataType.Name(control.data_type)
                 self._corrid = (name, *_dtype(type_name), type_name)
-                for variant in variants:  # its value is the request's own; its name takes the slot now
+                for variant in (*variants, not_ready):  # its value is the request's own; its name takes the slot now
                     variant.pop(name, None)
                 continue
             dtype, triton, (false, true) = _false_true(control)
@@ -84,7 +85,9 @@ class SequenceControls:
                       (kind == Control.CONTROL_SEQUENCE_START and flags & FLAG_SEQUENCE_START) or
                       (kind == Control.CONTROL_SEQUENCE_END and flags & FLAG_SEQUENCE_END))
                 variant[name] = (name, values[bool(on)], triton)
+            not_ready[name] = (name, values[0], triton)
         self._variants = [tuple(v.values()) for v in variants]
+        self._not_ready = tuple(not_ready.values())
         self.names = frozenset(name for name, _ in by_kind.values())
         # A control that is also a declared input replaces the client's tensor of that name, as
         # Triton's override inputs do; any other name the client cannot send (the request
@@ -113,6 +116,14 @@ class SequenceControls:
         if self._corrid is None:
             return [*tensors, *controls]
         return [*tensors, *controls, self._correlation_tensor(correlation_id)]
+
+    def not_ready(self) -> list[Entry]:
+        """The controls of a batch slot that has no request (Triton's null request, which the
+        sequence batcher's direct strategy adds: sequence_batcher.py): START, END and READY
+        false, CORRID 0 (``b""`` for TYPE_STRING)."""
+        if self._corrid is None:
+            return list(self._not_ready)
+        return [*self._not_ready, self._correlation_tensor(0)]
 
     def _correlation_tensor(self, correlation_id: int | str) -> Entry:
         name, dtype, triton, type_name = self._corrid  # type: ignore[misc]

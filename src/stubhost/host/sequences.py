@@ -1,12 +1,15 @@
 """Sequence routing: every request of a sequence (one correlation id) goes to the same instance.
 
-The basics of Triton's sequence batcher. A request with the START flag opens a sequence on the
-instance with the fewest open sequences; the sequence's later requests go to that instance, in
-order (its stub's queue is FIFO); the END flag closes it. A sequence idle for longer than
+``SequenceRouter`` serves a sequence model with ``max_batch_size: 0``: one request per Execute,
+straight to its instance. A request with the START flag opens a sequence on the instance with the
+fewest open sequences; the sequence's later requests go to that instance, in order (its stub's
+queue is FIFO); the END flag closes it. A sequence idle for longer than
 ``max_sequence_idle_microseconds`` is closed, so a later request without START fails, as in
 Triton. The model reads START/END from ``request.flags()`` and the id from
 ``request.correlation_id()``, or from the control inputs its configuration asks for
-(sequence_controls.py).
+(sequence_controls.py). A model that batches (``max_batch_size > 0``) has Triton's sequence
+batcher instead, with its batch slots and backlog (sequence_batcher.py); both refuse requests with
+the errors below.
 """
 
 from __future__ import annotations
@@ -22,6 +25,18 @@ from stubhost.host.instance import InstanceState, ModelInstance
 FLAG_SEQUENCE_START = 1  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
 FLAG_SEQUENCE_END = 2    # TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
 DEFAULT_IDLE_US = 1_000_000
+
+
+def no_correlation_id(model_name: str) -> InferenceError:
+    """Triton's error for a sequence model's request without a correlation id."""
+    return InferenceError("INVALID_ARG", f"inference request to model '{model_name}' must specify a non-zero or "
+                                         "non-empty correlation ID")
+
+
+def not_started(model_name: str, correlation_id: int | str) -> InferenceError:
+    """Triton's error for a request that continues a sequence that is not open."""
+    return InferenceError("INVALID_ARG", f"inference request for sequence {correlation_id} to model '{model_name}' "
+                                         "must specify the START flag on the first request of the sequence")
 
 
 class SequenceRouter:
@@ -48,8 +63,7 @@ class SequenceRouter:
             if self.iterative:
                 with self._lock:
                     return self._least_used(version, group)
-            raise InferenceError("INVALID_ARG", f"inference request to model '{self.model_name}' must specify a "
-                                                "non-zero or non-empty correlation ID")
+            raise no_correlation_id(self.model_name)
         now = time.monotonic_ns()
         key = (version, correlation_id)
         with self._lock:
@@ -60,9 +74,7 @@ class SequenceRouter:
             if flags & FLAG_SEQUENCE_START:
                 instance = self._least_used(version, group)
             elif entry is None:
-                raise InferenceError("INVALID_ARG", f"inference request for sequence {correlation_id} to model "
-                                                    f"'{self.model_name}' must specify the START flag on the first "
-                                                    "request of the sequence")
+                raise not_started(self.model_name, correlation_id)
             else:
                 instance = entry[0]
             if flags & FLAG_SEQUENCE_END:

@@ -61,8 +61,10 @@ class EqualInputs:
     @classmethod
     def of(cls, config: ModelConfig) -> EqualInputs | None:
         """The rule of a model, or None when it never splits a batch (every input of fixed
-        dims or ragged, none optional; or no batching): then requests are never looked at."""
-        if not config.HasField("dynamic_batching") or config.max_batch_size <= 0:
+        dims or ragged, none optional; or no batching): then requests are never looked at. The
+        sequence batcher applies it too (sequence_batcher.py)."""
+        batches = config.HasField("dynamic_batching") or config.HasField("sequence_batching")
+        if not batches or config.max_batch_size <= 0:
             return None
         names = frozenset(i.name for i in config.input if not i.allow_ragged_batch and -1 in i.dims)
         optional = any(i.optional for i in config.input)

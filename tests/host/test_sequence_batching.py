@@ -1,0 +1,628 @@
+"""Triton's sequence batcher for models that batch (``sequence_batching`` with ``max_batch_size >
+0``), through the in-process API: requests of different sequences that share an instance run in
+one ``execute``, with the ``direct`` strategy (batch slots, fillers for empty slots, the backlog,
+``minimum_slot_utilization``) and the ``oldest`` one (the dynamic batcher over the candidate
+sequences); a sequence's requests stay in order and never share a batch; idle sequences,
+cancellation, restarts, unloading, streams and statistics.
+
+Every model runs SEQ_PY. Its ``execute`` answers each request with the whole batch as it saw it
+(BATCH: per request its correlation id, flags and control inputs), the request's index in the
+batch (IDX), a per-stub execute counter (SEQ), the instance (WHO), and the X values its sequence
+has sent so far, in the order they ran (SEEN). A request whose parameters carry a gate
+(``{"started": path, "gate": path}``) holds its instance until the test opens the gate, so a test
+queues requests behind it (waiting until the queue holds them) before anything runs: which
+requests form which batch is then fixed by the rules, not by a race.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, final
+
+import numpy as np
+import pytest
+
+import stubhost
+from stubhost import InferenceError
+from tests.host.repo_factory import config_pbtxt, io, wait_until, write_model
+
+TIMEOUT = 30.0
+START, END = 1, 2
+
+SEQ_PY = '''
+import json
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _wait_for(path):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.name = args["model_instance_name"]
+        self.calls = 0
+        self.seen = {}
+
+    def execute(self, requests):
+        self.calls += 1
+        params = [json.loads(r.parameters() or "{}") for r in requests]
+        for p in params:
+            if "started" in p:
+                open(p["started"], "w").close()
+        for p in params:
+            if "gate" in p:
+                _wait_for(p["gate"])
+        for p in params:
+            if "exit" in p:
+                os._exit(int(p["exit"]))
+        batch = []
+        for r in requests:
+            entry = {"corr": r.correlation_id(), "flags": r.flags(), "id": r.request_id()}
+            for name in ("START", "END", "READY", "CORRID"):
+                tensor = pb_utils.get_input_tensor_by_name(r, name)
+                if tensor is not None:
+                    entry[name] = tensor.as_numpy().reshape(-1)[0].item()
+            entry["X"] = float(pb_utils.get_input_tensor_by_name(r, "X").as_numpy().reshape(-1)[0])
+            batch.append(entry)
+        text = json.dumps(batch).encode()
+        responses = []
+        for i, entry in enumerate(batch):
+            corr = entry["corr"]
+            seen = []
+            if entry.get("READY", 1) and corr:
+                if entry["flags"] & 1:
+                    self.seen[corr] = []
+                seen = self.seen.setdefault(corr, [])
+                seen.append(entry["X"])
+                if entry["flags"] & 2:
+                    self.seen.pop(corr, None)
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("BATCH", np.array([[text]], np.object_)),
+                pb_utils.Tensor("IDX", np.array([[i]], np.int32)),
+                pb_utils.Tensor("SEQ", np.array([[self.calls]], np.int64)),
+                pb_utils.Tensor("WHO", np.array([[self.name.encode()]], np.object_)),
+                pb_utils.Tensor("SEEN", np.array([[json.dumps(seen).encode()]], np.object_)),
+            ]))
+        return responses
+'''
+
+# Decoupled: each request sends two responses [corr, k, batch size], then the final flag.
+STREAM_PY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        n = len(requests)
+        for r in requests:
+            sender = r.get_response_sender()
+            for k in range(2):
+                sender.send(pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("OUT", np.array([[r.correlation_id(), k, n]], np.int64))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+# Reschedules each request once (iterative sequences); answers in its second run.
+TWICE_PY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.runs = {}
+
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            runs = self.runs.get(id(r), 0) + 1
+            if runs == 1:
+                self.runs[id(r)] = runs
+                r.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+                responses.append(None)
+                continue
+            self.runs.pop(id(r), None)
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 10)]))
+        return responses
+'''
+
+CONTROLS = """
+ control_input [
+  { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+  { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] } ] },
+  { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] },
+  { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+ ]"""
+
+
+def seq_config(name: str, *, max_batch: int = 4, count: int = 1, strategy: str = "",
+               idle_us: int = 60_000_000, dims: tuple[int, ...] = (1,)) -> str:
+    outputs = [io("BATCH", "TYPE_STRING", [1]), io("IDX", "TYPE_INT32", [1]), io("SEQ", "TYPE_INT64", [1]),
+               io("WHO", "TYPE_STRING", [1]), io("SEEN", "TYPE_STRING", [1])]
+    sequence = f"sequence_batching {{\n max_sequence_idle_microseconds: {idle_us}\n {strategy}\n{CONTROLS}\n}}"
+    return config_pbtxt(name, [io("X", "TYPE_FP32", list(dims))], outputs, max_batch_size=max_batch,
+                        extra=f"instance_group [ {{ count: {count} kind: KIND_CPU }} ]\n{sequence}")
+
+
+MODELS = {
+    "direct": seq_config("direct"),  # the default strategy: 4 slots
+    "small": seq_config("small", max_batch=2),  # 2 slots: a third sequence waits in the backlog
+    "pair": seq_config("pair", max_batch=2, count=2),  # 2 instances of 2 slots
+    # a batch waits (5 s at most) until half the slots have a request
+    "util": seq_config("util", strategy="direct { max_queue_delay_microseconds: 5000000 "
+                                        "minimum_slot_utilization: 0.5 }"),
+    # ... or 200 ms, since one slot in four never makes 0.5
+    "util_short": seq_config("util_short", strategy="direct { max_queue_delay_microseconds: 200000 "
+                                                    "minimum_slot_utilization: 0.5 }"),
+    "oldest": seq_config("oldest", strategy="oldest { max_candidate_sequences: 6 preferred_batch_size: [ 2 ] "
+                                            "max_queue_delay_microseconds: 5000000 }"),
+    "oldest_short": seq_config("oldest_short", strategy="oldest { preferred_batch_size: [ 2 ] "
+                                                        "max_queue_delay_microseconds: 200000 }"),
+    "unbatched": seq_config("unbatched", max_batch=0),  # one request per execute, as before
+    "shaped": seq_config("shaped", dims=(-1,)),  # requests whose X lengths differ never share a batch
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stubhost.Server]:
+    repo: Path = tmp_path_factory.mktemp("sequence_batching") / "models"
+    for name, config in MODELS.items():
+        write_model(repo, name, SEQ_PY, config)
+    write_model(repo, "stream", STREAM_PY, config_pbtxt(
+        "stream", [io("X", "TYPE_FP32", [1])], [io("OUT", "TYPE_INT64", [3])], max_batch_size=4,
+        extra="model_transaction_policy { decoupled: true }\n"
+              "sequence_batching { max_sequence_idle_microseconds: 60000000 }"))
+    write_model(repo, "twice", TWICE_PY, config_pbtxt(
+        "twice", [io("X", "TYPE_FP32", [1])], [io("Y", "TYPE_FP32", [1])], max_batch_size=2,
+        extra="sequence_batching { iterative_sequence: true }"))
+    with stubhost.Server(repo) as srv:
+        yield srv
+
+
+# ---- helpers ----------------------------------------------------------------------------------------
+@final
+class Gate:
+    """Holds the instance that runs a request carrying ``params()`` until ``open()``."""
+
+    def __init__(self, folder: Path, name: str = "gate") -> None:
+        self.started = folder / f"{name}.started"
+        self.path = folder / f"{name}.open"
+
+    def params(self, **extra: Any) -> dict[str, Any]:
+        return {"started": str(self.started), "gate": str(self.path), **extra}
+
+    def wait_started(self) -> None:
+        assert wait_until(self.started.exists, TIMEOUT), "the gated request never started"
+
+    def open(self) -> None:
+        self.path.touch()
+
+    def __enter__(self) -> Gate:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.open()
+
+
+def read(out: dict[str, np.ndarray]) -> dict[str, Any]:
+    return {"batch": json.loads(out["BATCH"].reshape(-1)[0]), "idx": int(out["IDX"].reshape(-1)[0]),
+            "seq": int(out["SEQ"].reshape(-1)[0]), "who": out["WHO"].reshape(-1)[0].decode(),
+            "seen": json.loads(out["SEEN"].reshape(-1)[0])}
+
+
+def send(server: stubhost.Server, model: str, corr: int | str, flags: int = 0, value: float = 1.0,
+         length: int = 1, **kw: Any) -> dict[str, Any]:
+    kw.setdefault("timeout", TIMEOUT)
+    return read(server.infer(model, {"X": np.full((1, length), value, np.float32)}, correlation_id=corr,
+                             flags=flags, **kw))
+
+
+def queued(server: stubhost.Server, model: str) -> int:
+    return server._models[model].schedulers[1].queued()
+
+
+def enqueue(pool: ThreadPoolExecutor, server: stubhost.Server, model: str, fn: Callable[[], Any],
+            expect: int) -> Future:
+    """Runs `fn` (a request) in `pool` and waits until the model holds `expect` waiting requests,
+    so that requests wait in the order they are enqueued."""
+    future = pool.submit(fn)
+    assert wait_until(lambda: queued(server, model) >= expect or future.done(), TIMEOUT)
+    if future.done():
+        future.result()
+        pytest.fail("the request did not wait")
+    assert queued(server, model) == expect
+    return future
+
+
+def stats(server: stubhost.Server, model: str) -> dict[str, Any]:
+    return server.statistics(model)["model_stats"][0]
+
+
+def batch_counts(entry: dict[str, Any]) -> dict[int, int]:
+    return {b["batch_size"]: b["compute_infer"]["count"] for b in entry["batch_stats"]}
+
+
+def hold(pool: ThreadPoolExecutor, server: stubhost.Server, model: str, corr: int, gate: Gate) -> Future:
+    """Opens sequence `corr` (X 1.0) with a request that holds the instance until the gate opens.
+    With the oldest strategy a request alone waits for the queue delay: a one-request sequence
+    goes with it, making the preferred size of 2."""
+    first = enqueue(pool, server, model, lambda: send(server, model, corr, START, 1.0, parameters=gate.params()), 1)
+    pool.submit(send, server, model, corr + 1000, START | END)
+    gate.wait_started()
+    assert queued(server, model) == 0
+    return first
+
+
+def end_all(server: stubhost.Server, model: str, ids: list[int]) -> None:
+    """Ends sequences at once: with the oldest strategy (preferred size 2) a request alone waits
+    for the queue delay, two go at once (an odd count gets a one-request sequence beside it)."""
+    calls = [(c, END) for c in ids]
+    if len(calls) % 2:
+        calls.append((max(ids) + 5000, START | END))
+    with ThreadPoolExecutor(len(calls)) as pool:
+        for future in [pool.submit(send, server, model, c, flags) for c, flags in calls]:
+            future.result(TIMEOUT)
+
+
+def corrs(result: dict[str, Any]) -> list[Any]:
+    return [entry["corr"] for entry in result["batch"]]
+
+
+# ---- direct -----------------------------------------------------------------------------------------
+def test_requests_of_different_sequences_share_a_batch_in_slot_order(server: stubhost.Server, tmp_path: Path) -> None:
+    with ThreadPoolExecutor(8) as pool, Gate(tmp_path) as gate:
+        first = pool.submit(send, server, "direct", 101, START, 1.0, parameters=gate.params())
+        gate.wait_started()
+        waiting = [enqueue(pool, server, "direct", lambda: send(server, "direct", 101, 0, 2.0), 1)]
+        for k, corr in enumerate((102, 103, 104), 2):  # each opens the next slot: 1, 2, 3
+            waiting.append(enqueue(pool, server, "direct", lambda c=corr: send(server, "direct", c, START, c), k))
+        gate.open()
+        assert first.result(TIMEOUT)["batch"][0]["corr"] == 101
+        results = [f.result(TIMEOUT) for f in waiting]
+    batch = results[0]["batch"]
+    assert corrs(results[0]) == [101, 102, 103, 104]  # one execute, each sequence at its slot's position
+    assert [r["idx"] for r in results] == [0, 1, 2, 3]
+    assert len({r["seq"] for r in results}) == 1
+    assert [e["READY"] for e in batch] == [1, 1, 1, 1]
+    assert [e["START"] for e in batch] == [0, 1, 1, 1]
+    assert [e["CORRID"] for e in batch] == [101, 102, 103, 104]
+    assert results[0]["seen"] == [1.0, 2.0]  # the sequence's requests ran in order, on its instance
+    for corr in (101, 102, 103, 104):
+        send(server, "direct", corr, END)
+
+
+def test_a_sequence_never_has_two_requests_in_one_batch(server: stubhost.Server, tmp_path: Path) -> None:
+    with ThreadPoolExecutor(8) as pool, Gate(tmp_path) as gate:
+        first = pool.submit(send, server, "direct", 201, START, 1.0, parameters=gate.params())
+        gate.wait_started()
+        waiting = [enqueue(pool, server, "direct", lambda v=v: send(server, "direct", 201, 0, v), k)
+                   for k, v in enumerate((2.0, 3.0, 4.0), 1)]
+        waiting.append(enqueue(pool, server, "direct", lambda: send(server, "direct", 202, START, 9.0), 4))
+        gate.open()
+        first.result(TIMEOUT)
+        results = [f.result(TIMEOUT) for f in waiting]
+    assert [r["seen"] for r in results[:3]] == [[1.0, 2.0], [1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0]]
+    assert corrs(results[0]) == [201, 202]  # the first waiting request of each sequence
+    assert results[0]["seq"] == results[3]["seq"]
+    assert corrs(results[1]) == [201] and corrs(results[2]) == [201]  # then one after another
+    assert results[0]["seq"] < results[1]["seq"] < results[2]["seq"]
+    send(server, "direct", 201, END)
+    send(server, "direct", 202, END)
+
+
+def test_an_empty_slot_below_a_request_gets_a_filler(server: stubhost.Server) -> None:
+    send(server, "direct", 301, START, 1.0)  # slot 0
+    send(server, "direct", 302, START, 1.0)  # slot 1
+    before = stats(server, "direct")
+    result = send(server, "direct", 302, 0, 5.0, request_id="real")
+    after = stats(server, "direct")
+    filler, real = result["batch"]
+    assert result["idx"] == 1 and real["corr"] == 302 and real["id"] == "real"
+    # Triton's null request: not ready, no sequence, the other request's inputs zeroed
+    assert filler == {"corr": 0, "flags": 0, "id": "", "START": 0, "END": 0, "READY": 0, "CORRID": 0, "X": 0.0}
+    assert result["seen"] == [1.0, 5.0]
+    # the filler counts in the batch's size, as Triton's Python backend reports it, not as an inference
+    assert after["inference_count"] - before["inference_count"] == 1
+    assert after["execution_count"] - before["execution_count"] == 1
+    assert batch_counts(after).get(2, 0) - batch_counts(before).get(2, 0) == 1
+    assert send(server, "direct", 301, END)["idx"] == 0  # alone in slot 0: no filler
+    send(server, "direct", 302, END)
+
+
+def test_a_request_whose_shapes_differ_waits_and_its_slot_gets_a_filler(server: stubhost.Server,
+                                                                         tmp_path: Path) -> None:
+    with ThreadPoolExecutor(8) as pool, Gate(tmp_path) as gate:
+        first = pool.submit(send, server, "shaped", 351, START, 1.0, parameters=gate.params())
+        gate.wait_started()
+        waiting = [enqueue(pool, server, "shaped", lambda: send(server, "shaped", 351, 0, 2.0), 1),
+                   enqueue(pool, server, "shaped", lambda: send(server, "shaped", 352, START, 3.0, length=2), 2),
+                   enqueue(pool, server, "shaped", lambda: send(server, "shaped", 353, START, 4.0), 3)]
+        gate.open()
+        first.result(TIMEOUT)
+        same, other, last = [f.result(TIMEOUT) for f in waiting]
+    assert corrs(same) == [351, 0, 353] and same["seq"] == last["seq"]  # slot 1's X is longer: a filler
+    assert same["batch"][1]["READY"] == 0
+    assert corrs(other) == [0, 352] and other["seq"] > same["seq"]  # it runs in the next batch
+    for corr in (351, 352, 353):
+        send(server, "shaped", corr, END)
+
+
+def test_statistics_count_what_was_sent(server: stubhost.Server, tmp_path: Path) -> None:
+    before = stats(server, "direct")
+    with ThreadPoolExecutor(8) as pool, Gate(tmp_path) as gate:
+        first = pool.submit(send, server, "direct", 401, START | END, 1.0, parameters=gate.params())
+        gate.wait_started()
+        waiting = [enqueue(pool, server, "direct", lambda c=c: send(server, "direct", c, START | END), k)
+                   for k, c in enumerate((402, 403, 404), 1)]
+        gate.open()
+        results = [first.result(TIMEOUT)] + [f.result(TIMEOUT) for f in waiting]
+    after = stats(server, "direct")
+    sizes = {r["seq"]: len(r["batch"]) for r in results}
+    assert sorted(sizes.values()) == [1, 3]
+    assert after["inference_count"] - before["inference_count"] == 4
+    assert after["execution_count"] - before["execution_count"] == 2
+    assert after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"] == 4
+    grown = {size: n - batch_counts(before).get(size, 0) for size, n in batch_counts(after).items()}
+    assert {size: n for size, n in grown.items() if n} == {1: 1, 3: 1}
+
+
+def test_sequences_beyond_the_slots_wait_in_the_backlog(server: stubhost.Server) -> None:
+    send(server, "small", 501, START, 1.0)
+    send(server, "small", 502, START, 1.0)
+    with ThreadPoolExecutor(4) as pool:
+        third = enqueue(pool, server, "small", lambda: send(server, "small", 503, START, 3.0), 1)
+        more = enqueue(pool, server, "small", lambda: send(server, "small", 503, 0, 4.0), 2)
+        assert send(server, "small", 502, 0, 2.0)["seen"] == [1.0, 2.0]  # the open ones still run
+        assert not third.done()
+        ended = send(server, "small", 501, END)  # frees slot 0: the backlogged sequence takes it
+        results = [third.result(TIMEOUT), more.result(TIMEOUT)]
+    assert [r["idx"] for r in results] == [0, 0]
+    assert [r["seen"] for r in results] == [[3.0], [3.0, 4.0]]
+    assert ended["seq"] < results[0]["seq"] < results[1]["seq"]
+    send(server, "small", 502, END)
+    send(server, "small", 503, END)
+    assert queued(server, "small") == 0
+
+
+def test_sequences_spread_over_instances_and_slots(server: stubhost.Server) -> None:
+    placed = {corr: send(server, "pair", corr, START) for corr in (601, 602, 603, 604)}
+    who = {corr: r["who"] for corr, r in placed.items()}
+    assert len(set(who.values())) == 2 and sorted(list(who.values()).count(w) for w in set(who.values())) == [2, 2]
+    for corr in (601, 602, 603, 604):
+        assert send(server, "pair", corr, END)["who"] == who[corr]  # each stays on its instance
+
+
+def test_an_idle_sequence_frees_its_slot_for_the_backlog(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    write_model(repo, "idle", SEQ_PY, seq_config("idle", max_batch=1, idle_us=300_000))
+    with stubhost.Server(repo) as server, ThreadPoolExecutor(2) as pool:
+        send(server, "idle", 1, START)
+        waiting = enqueue(pool, server, "idle", lambda: send(server, "idle", 2, START, 7.0), 1)
+        assert waiting.result(TIMEOUT)["seen"] == [7.0]  # sequence 1 went idle: its slot went to 2
+        with pytest.raises(InferenceError, match="must specify the START flag on the first request"):
+            send(server, "idle", 1)
+
+
+def test_minimum_slot_utilization_holds_a_batch_until_enough_slots_are_ready(server: stubhost.Server) -> None:
+    with ThreadPoolExecutor(4) as pool:
+        alone = enqueue(pool, server, "util", lambda: send(server, "util", 701, START | END), 1)
+        time.sleep(0.3)
+        assert not alone.done()  # 1 slot of 4 < 0.5, and 5 s have not passed
+        other = pool.submit(send, server, "util", 702, START | END)
+        results = [alone.result(TIMEOUT), other.result(TIMEOUT)]
+    assert [corrs(r) for r in results] == [[701, 702]] * 2
+
+
+def test_minimum_slot_utilization_gives_way_to_the_queue_delay(server: stubhost.Server) -> None:
+    begin = time.monotonic()
+    result = send(server, "util_short", 703, START | END)
+    assert time.monotonic() - begin >= 0.19  # waited out the 200 ms
+    assert corrs(result) == [703]
+
+
+# ---- oldest -------------------------------------------------------------------------------------------
+def test_oldest_batches_the_oldest_requests_at_the_preferred_size(server: stubhost.Server, tmp_path: Path) -> None:
+    with ThreadPoolExecutor(8) as pool, Gate(tmp_path) as gate:
+        first = hold(pool, server, "oldest", 801, gate)
+        waiting = [enqueue(pool, server, "oldest", lambda: send(server, "oldest", 801, 0, 2.0), 1)]
+        for k, corr in enumerate((802, 803, 804), 2):
+            waiting.append(enqueue(pool, server, "oldest", lambda c=corr: send(server, "oldest", c, START), k))
+        gate.open()
+        first.result(TIMEOUT)
+        results = [f.result(TIMEOUT) for f in waiting]
+    # 801's second request could only join the line once its first was done, and so could 802's
+    # (it took the slot of 1801, which ran beside 801's first): 803 and 804 are the oldest
+    assert corrs(results[2]) == [803, 804]  # the preferred size goes at once, long before the delay
+    assert corrs(results[0]) == [801, 802]
+    assert results[2]["seq"] < results[0]["seq"]
+    assert results[0]["seen"] == [1.0, 2.0]
+    assert all("READY" in e and e["READY"] == 1 for r in results for e in r["batch"])  # no fillers
+    end_all(server, "oldest", [801, 802, 803, 804])
+
+
+def test_oldest_waits_the_queue_delay_for_a_preferred_size(server: stubhost.Server) -> None:
+    begin = time.monotonic()
+    result = send(server, "oldest_short", 805, START | END)
+    assert time.monotonic() - begin >= 0.19
+    assert corrs(result) == [805]
+
+
+def test_oldest_never_batches_two_requests_of_a_sequence(server: stubhost.Server, tmp_path: Path) -> None:
+    with ThreadPoolExecutor(8) as pool, Gate(tmp_path) as gate:
+        first = hold(pool, server, "oldest", 811, gate)
+        waiting = [enqueue(pool, server, "oldest", lambda v=v: send(server, "oldest", 811, 0, v), k)
+                   for k, v in enumerate((2.0, 3.0), 1)]
+        for k, corr in enumerate((812, 813), 3):
+            waiting.append(enqueue(pool, server, "oldest", lambda c=corr: send(server, "oldest", c, START), k))
+        gate.open()
+        first.result(TIMEOUT)
+        results = [f.result(TIMEOUT) for f in waiting]
+    assert [r["seen"] for r in results[:2]] == [[1.0, 2.0], [1.0, 2.0, 3.0]]
+    assert results[0]["seq"] < results[1]["seq"]
+    for r in results:
+        assert len(corrs(r)) == len(set(corrs(r))) == 2
+    end_all(server, "oldest", [811, 812, 813])
+
+
+# ---- everything else still holds ------------------------------------------------------------------------
+def test_many_concurrent_sequences_keep_their_order(server: stubhost.Server, tmp_path: Path) -> None:
+    """Eight async sequences of five requests on four slots: four wait in the backlog."""
+    async def sequence(corr: int) -> list[dict[str, Any]]:
+        out = []
+        for step in range(5):
+            flags = (START if step == 0 else 0) | (END if step == 4 else 0)
+            response = await server.infer_async("direct", {"X": np.full((1, 1), step, np.float32)},
+                                                correlation_id=corr, flags=flags, timeout=TIMEOUT)
+            out.append(read(response))
+        return out
+
+    async def run(gate: Gate) -> list[list[dict[str, Any]]]:
+        held = asyncio.ensure_future(server.infer_async("direct", {"X": np.zeros((1, 1), np.float32)},
+                                                        correlation_id=900, flags=START | END,
+                                                        parameters=gate.params(), timeout=TIMEOUT))
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait_started)
+        tasks = [asyncio.ensure_future(sequence(c)) for c in range(901, 909)]
+        assert await asyncio.get_running_loop().run_in_executor(
+            None, wait_until, lambda: queued(server, "direct") == 8, TIMEOUT)
+        gate.open()
+        await held
+        return await asyncio.gather(*tasks)
+
+    with Gate(tmp_path) as gate:
+        runs = asyncio.run(run(gate))
+    for results in runs:
+        assert [r["seen"] for r in results] == [[float(s) for s in range(k + 1)] for k in range(5)]
+        for r in results:
+            assert len(corrs(r)) == len(set(c for c in corrs(r) if c)) + corrs(r).count(0)
+    sizes = [len(r["batch"]) for results in runs for r in results]
+    assert max(sizes) == 4 and all(1 <= s <= 4 for s in sizes)
+
+
+def test_a_waiting_request_whose_caller_gives_up_never_runs(server: stubhost.Server, tmp_path: Path) -> None:
+    send(server, "small", 1001, START, 1.0)
+    send(server, "small", 1002, START, 1.0)
+    with ThreadPoolExecutor(4) as pool, Gate(tmp_path) as gate:
+        held = pool.submit(send, server, "small", 1001, 0, 2.0, parameters=gate.params())
+        gate.wait_started()
+        with pytest.raises(InferenceError, match="Request timeout expired"):
+            send(server, "small", 1001, 0, 3.0, timeout=0.3)
+        with pytest.raises(InferenceError, match="Request timeout expired"):
+            send(server, "small", 1001, END, 4.0, timeout=0.3)  # its END still closes the sequence
+        assert queued(server, "small") == 0
+        gate.open()
+        assert held.result(TIMEOUT)["seen"] == [1.0, 2.0]
+    with pytest.raises(InferenceError, match="must specify the START flag"):
+        send(server, "small", 1001)
+    # its slot is free: a new sequence runs at once instead of waiting in the backlog
+    assert send(server, "small", 1003, START | END, 5.0)["seen"] == [5.0]
+    send(server, "small", 1002, END)
+
+
+def test_errors_use_tritons_words(server: stubhost.Server) -> None:
+    with pytest.raises(InferenceError) as err:
+        send(server, "direct", 1101)
+    assert err.value.code == "INVALID_ARG"
+    assert str(err.value).endswith("inference request for sequence 1101 to model 'direct' must specify the START "
+                                   "flag on the first request of the sequence")
+    with pytest.raises(InferenceError, match="must specify a non-zero or non-empty correlation ID"):
+        send(server, "direct", 0)
+    with pytest.raises(InferenceError, match="must specify batch-size 1 due to requirements of sequence batcher"):
+        server.infer("direct", {"X": np.ones((2, 1), np.float32)}, correlation_id=1102, flags=START, timeout=TIMEOUT)
+    assert queued(server, "direct") == 0
+
+
+def test_a_crash_fails_its_batch_and_the_sequences_go_on_after_the_restart(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    write_model(repo, "crashy", SEQ_PY, seq_config("crashy"))
+    with stubhost.Server(repo) as server:
+        send(server, "crashy", 1, START, 1.0)
+        send(server, "crashy", 2, START, 1.0)
+        with pytest.raises(InferenceError) as err:
+            send(server, "crashy", 1, 0, 2.0, parameters={"exit": 3})
+        assert re.search(r"Stub process '[^']*' is not healthy\.", str(err.value)), str(err.value)
+        # the sequences stay on their instance and slot; its restarted stub has lost their state
+        assert send(server, "crashy", 2, 0, 3.0)["seen"] == [3.0]
+        assert send(server, "crashy", 1, END, 4.0)["seen"] == [4.0]
+        send(server, "crashy", 2, END)
+
+
+def test_without_restarts_the_waiting_requests_fail(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    write_model(repo, "crashy", SEQ_PY, seq_config("crashy", max_batch=1))
+    gate = Gate(tmp_path)
+    with stubhost.Server(repo, restart=False) as server:
+        try:
+            with ThreadPoolExecutor(4) as pool:
+                doomed = pool.submit(send, server, "crashy", 1, START, parameters=gate.params(exit=3))
+                gate.wait_started()
+                waiting = [enqueue(pool, server, "crashy", lambda: send(server, "crashy", 1), 1),
+                           enqueue(pool, server, "crashy", lambda: send(server, "crashy", 2, START), 2)]
+                gate.open()
+                for f in [doomed, *waiting]:  # none hangs: no instance will ever run them
+                    with pytest.raises(InferenceError) as err:
+                        f.result(TIMEOUT)
+                    assert re.search(r"Stub process '[^']*' is not healthy\.", str(err.value)), str(err.value)
+        finally:
+            gate.open()
+        assert queued(server, "crashy") == 0
+
+
+def test_unloading_fails_the_sequences_waiting_in_the_backlog(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    write_model(repo, "doomed", SEQ_PY, seq_config("doomed", max_batch=1))
+    with stubhost.Server(repo) as server, ThreadPoolExecutor(2) as pool:
+        send(server, "doomed", 1, START)
+        waiting = enqueue(pool, server, "doomed", lambda: send(server, "doomed", 2, START), 1)
+        server.unload("doomed")
+        with pytest.raises(InferenceError, match="is unloading"):
+            waiting.result(TIMEOUT)
+
+
+def test_a_decoupled_model_streams_each_request_its_own_responses(server: stubhost.Server) -> None:
+    def run(corr: int) -> list[list[int]]:
+        return [o["OUT"].reshape(-1).tolist()
+                for o in server.stream("stream", {"X": np.ones((1, 1), np.float32)}, correlation_id=corr,
+                                       flags=START | END, timeout=TIMEOUT)]
+
+    with ThreadPoolExecutor(4) as pool:
+        streams = list(pool.map(run, [1201, 1202, 1203, 1204]))
+    for corr, items in zip([1201, 1202, 1203, 1204], streams):
+        assert [i[:2] for i in items] == [[corr, 0], [corr, 1]]
+
+
+def test_an_iterative_request_without_id_is_rescheduled_as_before(server: stubhost.Server) -> None:
+    out = server.infer("twice", {"X": np.full((1, 1), 3, np.float32)}, timeout=TIMEOUT)
+    assert out["Y"].tolist() == [[30.0]]
+    out = server.infer("twice", {"X": np.full((1, 1), 4, np.float32)}, correlation_id="text-id",
+                       flags=START | END, timeout=TIMEOUT)
+    assert out["Y"].tolist() == [[40.0]]
+
+
+def test_a_model_that_does_not_batch_keeps_one_request_per_execute(server: stubhost.Server) -> None:
+    assert server._models["unbatched"].schedulers == {}
+    with ThreadPoolExecutor(4) as pool:
+        def run(corr: int) -> list[dict[str, Any]]:
+            return [read(server.infer("unbatched", {"X": np.full(1, v, np.float32)}, correlation_id=corr,
+                                      flags=(START if v == 0 else 0) | (END if v == 2 else 0), timeout=TIMEOUT))
+                    for v in range(3)]
+
+        runs = list(pool.map(run, [1301, 1302, 1303]))
+    for results in runs:
+        assert [len(r["batch"]) for r in results] == [1, 1, 1]
+        assert results[-1]["seen"] == [0.0, 1.0, 2.0]
