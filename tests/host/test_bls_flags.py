@@ -4,7 +4,7 @@ on to their BLS requests (``trace=request.trace()``).
 
 The caller builds each request of a sequence without flags, sets them with ``set_flags`` and sends
 it; the target (``sequence_batching { }``) answers the flags and correlation id it received. The
-sequence router refuses a first request without START and a request after END, so those answers
+sequence batcher refuses a first request without START and a request after END, so those answers
 show that the flags were honoured end to end, not only copied.
 """
 
@@ -112,7 +112,7 @@ def test_flags_set_after_construction_open_and_close_a_sequence(server: stubhost
     assert [s["flags_before_exec"] for s in seen] == [START, 0, 0, END, 0]
     assert [s.get("flags") for s in seen[:4]] == [START, 0, 0, END]
     assert all(s.get("corr") == 501 for s in seen[:4])
-    # END closed the sequence: a request without START is refused by the sequence router
+    # END closed the sequence: a request without START is refused by the sequence batcher
     assert NO_START in seen[4]["error"]
 
 

@@ -824,22 +824,31 @@ def seq_call(server: stubhost.Server, corr: int | str, flags: int = 0, value: fl
     return call(server, "seq", value=value, correlation_id=corr, flags=flags)
 
 
-def test_sequences_stay_on_their_instance_and_spread_over_instances(server: stubhost.Server) -> None:
-    ids: list[int | str] = [101, 102, "s-103", 104]
-    who: dict[int | str, set[str]] = {c: set() for c in ids}
-    for c in ids:  # open them all first: they spread over the instances
+def test_one_sequence_per_instance_and_a_third_waits_for_a_slot(server: stubhost.Server) -> None:
+    """max_batch_size 0: each instance has one slot (Triton's sequence batcher), so the two
+    instances run two sequences, one each, and a third START waits in the backlog until one ENDs;
+    it then runs on that sequence's instance."""
+    ids: list[int | str] = [101, "s-102"]
+    who: dict[int | str, str] = {}
+    for c in ids:
         info = seq_call(server, c, START, 1.0)
         assert info["FLAGS"] == START and info["CORR"] == str(c) and info["ACC"] == 1.0
-        who[c].add(info["WHO"])
-    for step in range(2, 5):
-        for c in ids:
-            info = seq_call(server, c, END if step == 4 else 0, float(step))
-            who[c].add(info["WHO"])
-            # the instance that holds the sequence's state got every request of it, in order
-            assert info["ACC"] == sum(range(1, step + 1)), (c, step, info)
-    assert all(len(w) == 1 for w in who.values()), who
-    placed = [next(iter(w)) for w in who.values()]
-    assert sorted(placed.count(w) for w in set(placed)) == [2, 2], placed
+        assert info["TIMEOUT"] == 0  # a queued request does not carry the in-process timeout
+        who[c] = info["WHO"]
+    assert who[101] != who["s-102"]
+    with ThreadPoolExecutor(1) as pool:
+        third = enqueue(pool, server, "seq", lambda: seq_call(server, 103, START, 7.0), 1)
+        for step in (2, 3):
+            for c in ids:
+                info = seq_call(server, c, 0, float(step))
+                # the instance that holds the sequence's state got every request of it, in order
+                assert info["WHO"] == who[c] and info["ACC"] == sum(range(1, step + 1)), (c, step, info)
+        assert not third.done() and queued(server, "seq") == 1  # both slots are still taken
+        assert seq_call(server, 101, END, 4.0)["ACC"] == 10.0
+        started = third.result(TIMEOUT)
+    assert started["WHO"] == who[101] and started["ACC"] == 7.0
+    assert seq_call(server, 103, END, 1.0)["ACC"] == 8.0
+    assert seq_call(server, "s-102", END, 4.0)["WHO"] == who["s-102"]
 
 
 def test_request_without_start_for_a_closed_sequence_fails_with_tritons_text(server: stubhost.Server) -> None:

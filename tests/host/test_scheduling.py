@@ -1,5 +1,5 @@
 """The model scheduler through the in-process API: dynamic batching, queue policies, priorities,
-several instances, sequence routing, statistics.
+several instances, sequences (one per instance at a time with max_batch_size 0), statistics.
 
 One model file serves every case: ``execute`` returns, per request, the number of requests in
 the call (N), a global execution counter (SEQ), the instance name (WHO) and its input doubled;
@@ -274,17 +274,32 @@ def test_statistics_count_requests_and_executions(server):
 
 
 def test_sequences_stay_on_their_instance(server):
-    def run_sequence(corr: int) -> set[bytes]:
-        who = set()
+    """Four sequences at once on two instances with max_batch_size 0: an instance runs one
+    sequence at a time (Triton's one slot), so two of them wait for a slot; each sequence stays
+    on one instance, and no instance interleaves two sequences (its executes, numbered by SEQ,
+    take one sequence's requests after another's)."""
+    def run_sequence(corr: int) -> list[tuple[bytes, int]]:
+        steps = []
         for step in range(6):
             flags = (1 if step == 0 else 0) | (2 if step == 5 else 0)
-            who.add(call(server, "seq", correlation_id=corr, flags=flags)["WHO"][0, 0])
-        return who
+            out = call(server, "seq", correlation_id=corr, flags=flags)
+            steps.append((out["WHO"][0, 0], int(out["SEQ"][0, 0])))
+        return steps
 
+    ids = [11, 12, 13, 14]
     with ThreadPoolExecutor(4) as pool:
-        placements = list(pool.map(run_sequence, [11, 12, 13, 14]))
+        runs = dict(zip(ids, pool.map(run_sequence, ids)))
+    placements = [{who for who, _ in steps} for steps in runs.values()]
     assert all(len(p) == 1 for p in placements), placements
     assert len(set().union(*placements)) == 2  # the sequences were spread over both instances
+    by_instance: dict[bytes, list[tuple[int, int]]] = {}
+    for corr, steps in runs.items():
+        for who, seq in steps:
+            by_instance.setdefault(who, []).append((seq, corr))
+    for who, entries in by_instance.items():
+        order = [corr for _, corr in sorted(entries)]
+        runs_of = [c for i, c in enumerate(order) if i == 0 or order[i - 1] != c]
+        assert len(runs_of) == len(set(runs_of)), (who, order)  # one sequence after another
 
 
 def test_sequence_errors_use_tritons_words(server):

@@ -1,9 +1,10 @@
-"""Triton's sequence batcher for models that batch (``sequence_batching`` with ``max_batch_size >
-0``), through the in-process API: requests of different sequences that share an instance run in
-one ``execute``, with the ``direct`` strategy (batch slots, fillers for empty slots, the backlog,
-``minimum_slot_utilization``) and the ``oldest`` one (the dynamic batcher over the candidate
-sequences); a sequence's requests stay in order and never share a batch; idle sequences,
-cancellation, restarts, unloading, streams and statistics.
+"""Triton's sequence batcher (``sequence_batching``) through the in-process API: requests of
+different sequences that share an instance run in one ``execute``, with the ``direct`` strategy
+(batch slots, fillers for empty slots, the backlog, ``minimum_slot_utilization``) and the
+``oldest`` one (the dynamic batcher over the candidate sequences); a sequence's requests stay in
+order and never share a batch; idle sequences, cancellation, restarts, unloading, streams and
+statistics. A model with ``max_batch_size: 0`` has one slot per instance (``oldest``:
+``max_candidate_sequences``), so an instance runs one sequence at a time, one request per execute.
 
 Every model runs SEQ_PY. Its ``execute`` answers each request with the whole batch as it saw it
 (BATCH: per request its correlation id, flags and control inputs), the request's index in the
@@ -174,7 +175,12 @@ MODELS = {
                                             "max_queue_delay_microseconds: 5000000 }"),
     "oldest_short": seq_config("oldest_short", strategy="oldest { preferred_batch_size: [ 2 ] "
                                                         "max_queue_delay_microseconds: 200000 }"),
-    "unbatched": seq_config("unbatched", max_batch=0),  # one request per execute, as before
+    # max_batch_size 0: one slot per instance, one request per execute
+    "unbatched": seq_config("unbatched", max_batch=0),
+    "unbatched_pair": seq_config("unbatched_pair", max_batch=0, count=2),
+    # ... or max_candidate_sequences slots with oldest (Triton honours it without batching)
+    "unbatched_oldest": seq_config("unbatched_oldest", max_batch=0,
+                                   strategy="oldest { max_candidate_sequences: 2 }"),
     "shaped": seq_config("shaped", dims=(-1,)),  # requests whose X lengths differ never share a batch
 }
 
@@ -186,6 +192,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stubhost.Server
         write_model(repo, name, SEQ_PY, config)
     write_model(repo, "stream", STREAM_PY, config_pbtxt(
         "stream", [io("X", "TYPE_FP32", [1])], [io("OUT", "TYPE_INT64", [3])], max_batch_size=4,
+        extra="model_transaction_policy { decoupled: true }\n"
+              "sequence_batching { max_sequence_idle_microseconds: 60000000 }"))
+    write_model(repo, "stream0", STREAM_PY, config_pbtxt(  # max_batch_size 0: one stream's request per execute
+        "stream0", [io("X", "TYPE_FP32", [1])], [io("OUT", "TYPE_INT64", [3])],
         extra="model_transaction_policy { decoupled: true }\n"
               "sequence_batching { max_sequence_idle_microseconds: 60000000 }"))
     write_model(repo, "twice", TWICE_PY, config_pbtxt(
@@ -229,7 +239,8 @@ def read(out: dict[str, np.ndarray]) -> dict[str, Any]:
 def send(server: stubhost.Server, model: str, corr: int | str, flags: int = 0, value: float = 1.0,
          length: int = 1, **kw: Any) -> dict[str, Any]:
     kw.setdefault("timeout", TIMEOUT)
-    return read(server.infer(model, {"X": np.full((1, length), value, np.float32)}, correlation_id=corr,
+    shape = (1, length) if server._models[model].config.max_batch_size else (length,)
+    return read(server.infer(model, {"X": np.full(shape, value, np.float32)}, correlation_id=corr,
                              flags=flags, **kw))
 
 
@@ -408,9 +419,12 @@ def test_sequences_spread_over_instances_and_slots(server: stubhost.Server) -> N
         assert send(server, "pair", corr, END)["who"] == who[corr]  # each stays on its instance
 
 
-def test_an_idle_sequence_frees_its_slot_for_the_backlog(tmp_path: Path) -> None:
+@pytest.mark.parametrize("max_batch", [1, 0])
+def test_an_idle_sequence_frees_its_slot_for_the_backlog(tmp_path: Path, max_batch: int) -> None:
+    """One slot (max_batch_size 1, or 0 as Triton counts it): the sequence that holds it goes
+    idle after 300 ms, and the START waiting in the backlog takes its slot."""
     repo = tmp_path / "models"
-    write_model(repo, "idle", SEQ_PY, seq_config("idle", max_batch=1, idle_us=300_000))
+    write_model(repo, "idle", SEQ_PY, seq_config("idle", max_batch=max_batch, idle_us=300_000))
     with stubhost.Server(repo) as server, ThreadPoolExecutor(2) as pool:
         send(server, "idle", 1, START)
         waiting = enqueue(pool, server, "idle", lambda: send(server, "idle", 2, START, 7.0), 1)
@@ -562,9 +576,10 @@ def test_a_crash_fails_its_batch_and_the_sequences_go_on_after_the_restart(tmp_p
         send(server, "crashy", 2, END)
 
 
-def test_without_restarts_the_waiting_requests_fail(tmp_path: Path) -> None:
+@pytest.mark.parametrize("max_batch", [1, 0])
+def test_without_restarts_the_waiting_requests_fail(tmp_path: Path, max_batch: int) -> None:
     repo = tmp_path / "models"
-    write_model(repo, "crashy", SEQ_PY, seq_config("crashy", max_batch=1))
+    write_model(repo, "crashy", SEQ_PY, seq_config("crashy", max_batch=max_batch))
     gate = Gate(tmp_path)
     with stubhost.Server(repo, restart=False) as server:
         try:
@@ -583,9 +598,10 @@ def test_without_restarts_the_waiting_requests_fail(tmp_path: Path) -> None:
         assert queued(server, "crashy") == 0
 
 
-def test_unloading_fails_the_sequences_waiting_in_the_backlog(tmp_path: Path) -> None:
+@pytest.mark.parametrize("max_batch", [1, 0])
+def test_unloading_fails_the_sequences_waiting_in_the_backlog(tmp_path: Path, max_batch: int) -> None:
     repo = tmp_path / "models"
-    write_model(repo, "doomed", SEQ_PY, seq_config("doomed", max_batch=1))
+    write_model(repo, "doomed", SEQ_PY, seq_config("doomed", max_batch=max_batch))
     with stubhost.Server(repo) as server, ThreadPoolExecutor(2) as pool:
         send(server, "doomed", 1, START)
         waiting = enqueue(pool, server, "doomed", lambda: send(server, "doomed", 2, START), 1)
@@ -614,15 +630,121 @@ def test_an_iterative_request_without_id_is_rescheduled_as_before(server: stubho
     assert out["Y"].tolist() == [[40.0]]
 
 
-def test_a_model_that_does_not_batch_keeps_one_request_per_execute(server: stubhost.Server) -> None:
-    assert server._models["unbatched"].schedulers == {}
-    with ThreadPoolExecutor(4) as pool:
-        def run(corr: int) -> list[dict[str, Any]]:
-            return [read(server.infer("unbatched", {"X": np.full(1, v, np.float32)}, correlation_id=corr,
-                                      flags=(START if v == 0 else 0) | (END if v == 2 else 0), timeout=TIMEOUT))
-                    for v in range(3)]
+# ---- max_batch_size 0: one sequence per instance ----------------------------------------------------------
+def test_without_batching_a_start_waits_until_the_instances_sequence_ends(server: stubhost.Server,
+                                                                          tmp_path: Path) -> None:
+    """Triton's one slot per instance: a second sequence's START waits in the backlog, behind a
+    request of the open sequence sent after it, until the open sequence ENDs."""
+    with ThreadPoolExecutor(4) as pool, Gate(tmp_path) as gate:
+        first = pool.submit(send, server, "unbatched", 1401, START, 1.0, parameters=gate.params())
+        gate.wait_started()  # the instance runs sequence 1401
+        other = enqueue(pool, server, "unbatched", lambda: send(server, "unbatched", 1402, START, 5.0), 1)
+        later = enqueue(pool, server, "unbatched", lambda: send(server, "unbatched", 1401, 0, 2.0), 2)
+        gate.open()
+        assert first.result(TIMEOUT)["seen"] == [1.0]
+        assert later.result(TIMEOUT)["seen"] == [1.0, 2.0]  # the slot's sequence goes first
+        assert not other.done() and queued(server, "unbatched") == 1  # the instance is idle, its slot taken
+        ended = send(server, "unbatched", 1401, END, 3.0)
+        started = other.result(TIMEOUT)
+    assert ended["seen"] == [1.0, 2.0, 3.0]
+    assert ended["seq"] < started["seq"] and started["seen"] == [5.0]
+    assert len(started["batch"]) == 1 and started["batch"][0]["START"] == 1
+    assert send(server, "unbatched", 1402, END, 6.0)["seen"] == [5.0, 6.0]
 
-        runs = list(pool.map(run, [1301, 1302, 1303]))
+
+def test_without_batching_two_instances_run_two_sequences_at_once(server: stubhost.Server, tmp_path: Path) -> None:
+    with ThreadPoolExecutor(4) as pool, Gate(tmp_path, "a") as a, Gate(tmp_path, "b") as b:
+        held = [pool.submit(send, server, "unbatched_pair", 1501, START, 1.0, parameters=a.params())]
+        a.wait_started()
+        held.append(pool.submit(send, server, "unbatched_pair", 1502, START, 2.0, parameters=b.params()))
+        b.wait_started()  # both run at once, one on each instance
+        third = enqueue(pool, server, "unbatched_pair", lambda: send(server, "unbatched_pair", 1503, START, 3.0), 1)
+        a.open()
+        b.open()
+        who = {corr: f.result(TIMEOUT)["who"] for corr, f in zip((1501, 1502), held)}
+        assert who[1501] != who[1502]
+        assert send(server, "unbatched_pair", 1502, 0, 4.0)["seen"] == [2.0, 4.0]
+        assert not third.done()  # both slots are still taken
+        send(server, "unbatched_pair", 1502, END)
+        assert third.result(TIMEOUT)["who"] == who[1502]  # the freed slot's instance
+    send(server, "unbatched_pair", 1501, END)
+    send(server, "unbatched_pair", 1503, END)
+
+
+def test_without_batching_concurrent_sequences_never_interleave(server: stubhost.Server) -> None:
+    """Three sequences sent at once on one instance run one after another, one request per
+    execute (SEQ numbers each execute), each counted as an execution of batch size 1."""
+    before = stats(server, "unbatched")
+
+    def run(corr: int) -> list[dict[str, Any]]:
+        return [send(server, "unbatched", corr, (START if v == 0 else 0) | (END if v == 2 else 0), float(v))
+                for v in range(3)]
+
+    with ThreadPoolExecutor(3) as pool:
+        runs = list(pool.map(run, [1601, 1602, 1603]))
+    after = stats(server, "unbatched")
+    order = [corr for _, corr in sorted((r["seq"], r["batch"][0]["corr"]) for results in runs for r in results)]
+    blocks = [order[i:i + 3] for i in (0, 3, 6)]
+    assert all(len(set(block)) == 1 for block in blocks) and len({block[0] for block in blocks}) == 3, order
     for results in runs:
         assert [len(r["batch"]) for r in results] == [1, 1, 1]
         assert results[-1]["seen"] == [0.0, 1.0, 2.0]
+    assert after["inference_count"] - before["inference_count"] == 9
+    assert after["execution_count"] - before["execution_count"] == 9
+    assert batch_counts(after).get(1, 0) - batch_counts(before).get(1, 0) == 9
+
+
+def test_without_batching_oldest_gives_each_instance_max_candidate_sequences(server: stubhost.Server) -> None:
+    """Two candidate slots: two sequences share the instance (one request per execute), a third
+    START waits until one of them ends."""
+    model = "unbatched_oldest"
+    send(server, model, 1701, START, 1.0)
+    send(server, model, 1702, START, 2.0)
+    with ThreadPoolExecutor(2) as pool:
+        third = enqueue(pool, server, model, lambda: send(server, model, 1703, START, 3.0), 1)
+        assert send(server, model, 1701, 0, 4.0)["seen"] == [1.0, 4.0]
+        result = send(server, model, 1702, 0, 5.0)
+        assert result["seen"] == [2.0, 5.0] and len(result["batch"]) == 1
+        assert not third.done()
+        send(server, model, 1701, END)
+        assert third.result(TIMEOUT)["seen"] == [3.0]
+    send(server, model, 1702, END)
+    send(server, model, 1703, END)
+
+
+def test_without_batching_a_backlogged_request_whose_caller_gives_up_never_runs(server: stubhost.Server) -> None:
+    send(server, "unbatched", 1801, START, 1.0)
+    with pytest.raises(InferenceError, match="Request timeout expired"):
+        send(server, "unbatched", 1802, START | END, 2.0, timeout=0.3)  # it waited in the backlog
+    assert queued(server, "unbatched") == 0
+    assert send(server, "unbatched", 1801, END, 3.0)["seen"] == [1.0, 3.0]
+    # the abandoned one-request sequence never ran: the slot is free for the next one at once
+    assert send(server, "unbatched", 1803, START | END, 4.0)["seen"] == [4.0]
+
+
+def test_without_batching_a_crash_keeps_the_slot_and_the_backlog_waits(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    write_model(repo, "crashy", SEQ_PY, seq_config("crashy", max_batch=0))
+    with stubhost.Server(repo) as server, ThreadPoolExecutor(2) as pool:
+        send(server, "crashy", 1, START, 1.0)
+        waiting = enqueue(pool, server, "crashy", lambda: send(server, "crashy", 2, START, 5.0), 1)
+        with pytest.raises(InferenceError) as err:
+            send(server, "crashy", 1, 0, 2.0, parameters={"exit": 3})
+        assert re.search(r"Stub process '[^']*' is not healthy\.", str(err.value)), str(err.value)
+        # sequence 1 keeps the slot across the restart (the new stub has lost its state) ...
+        assert send(server, "crashy", 1, END, 3.0)["seen"] == [3.0]
+        # ... and the backlogged one runs once it ends
+        assert waiting.result(TIMEOUT)["seen"] == [5.0]
+        send(server, "crashy", 2, END)
+
+
+def test_without_batching_a_decoupled_model_streams_one_request_per_execute(server: stubhost.Server) -> None:
+    def run(corr: int) -> list[list[int]]:
+        return [o["OUT"].reshape(-1).tolist()
+                for o in server.stream("stream0", {"X": np.ones(1, np.float32)}, correlation_id=corr,
+                                       flags=START | END, timeout=TIMEOUT)]
+
+    with ThreadPoolExecutor(3) as pool:
+        streams = list(pool.map(run, [1901, 1902, 1903]))
+    for corr, items in zip([1901, 1902, 1903], streams):
+        assert items == [[corr, 0, 1], [corr, 1, 1]]

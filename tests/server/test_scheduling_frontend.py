@@ -1,8 +1,8 @@
 """The model scheduler through the front ends of `stubhost serve`, with the real tritonclient:
 dynamic batching (queue delay, max_batch_size, preferred sizes), queue policies (max_queue_size,
-queue timeouts and the client's ``timeout`` override), priorities, several instances, sequence
-routing by correlation id, statistics, model control while a queue is busy, and a decoupled
-model whose requests are batched.
+queue timeouts and the client's ``timeout`` override), priorities, several instances, sequences
+(one per instance at a time with max_batch_size 0), statistics, model control while a queue is
+busy, and a decoupled model whose requests are batched.
 
 One server serves the module (explicit model control, every model loaded at start-up). Every
 model but ``fan`` runs PROBE_PY: per request it answers Y = X, N = how many requests its execute
@@ -427,50 +427,58 @@ def test_a_slow_instance_does_not_block_the_other(server: ServeProcess, tmp_path
 
 # ---- sequences ------------------------------------------------------------------------------------------
 def test_sequences_stay_on_their_instance(server: ServeProcess, quiet_log):
-    """Four sequences (one with a string id) opened on two instances, their middle steps sent
-    from four threads at once: every request of a sequence runs on the instance that started it
-    (the model's running sum per correlation id is right at every step), and the sequences are
-    spread over both instances."""
+    """Four sequences (one with a string id) on two instances of a model with max_batch_size 0,
+    which gives each instance one sequence slot, as Triton does: the first two are opened one
+    after the other and take one instance each; the other two are started meanwhile from threads
+    and wait for a slot. Every request of a sequence runs on one instance (the model's running sum
+    per correlation id is right at every step), and no instance interleaves two sequences (ORD,
+    its request counter, takes one sequence's requests after another's)."""
     ids: list[int | str] = [101, 102, 103, "seq-104"]
     steps = 6
     placements: dict[int | str, list[str]] = {cid: [] for cid in ids}
+    orders: dict[int | str, list[int]] = {cid: [] for cid in ids}
     sums: dict[int | str, list[float]] = {cid: [] for cid in ids}
+    protocols = {cid: PROTOCOLS[i % 2] for i, cid in enumerate(ids)}
 
-    def step(client: Any, protocol: str, cid: int | str, k: int, **flags: bool) -> None:
+    def step(client: Any, cid: int | str, k: int) -> None:
         value = float(k + 1)
-        result = client.infer("seq", [x_input(protocol, value)], sequence_id=cid, **flags)
+        flags = {"sequence_start": k == 0, "sequence_end": k == steps - 1}
+        result = client.infer("seq", [x_input(protocols[cid], value)], sequence_id=cid, **flags)
         np.testing.assert_array_equal(result.as_numpy("Y"), np.full(4, value, np.float32))
         placements[cid].append(scalar(result, "WHO"))
+        orders[cid].append(scalar(result, "ORD"))
         sums[cid].append(scalar(result, "ACC"))
 
-    def middle(cid: int | str, protocol: str) -> None:
-        client = open_client(server, protocol)
+    def run(cid: int | str, first: int) -> None:
+        client = open_client(server, protocols[cid])
         try:
-            for k in range(1, steps - 1):
-                step(client, protocol, cid, k)
+            for k in range(first, steps):
+                step(client, cid, k)
         finally:
             client.close()
 
-    protocols = {cid: PROTOCOLS[i % 2] for i, cid in enumerate(ids)}
     clients = {protocol: open_client(server, protocol) for protocol in PROTOCOLS}
     try:
-        for cid in ids:
-            step(clients[protocols[cid]], protocols[cid], cid, 0, sequence_start=True)
-        with ThreadPoolExecutor(len(ids)) as pool:
-            for f in [pool.submit(middle, cid, protocols[cid]) for cid in ids]:
-                f.result(TIMEOUT)
-        for cid in ids:
-            step(clients[protocols[cid]], protocols[cid], cid, steps - 1, sequence_end=True)
+        for cid in ids[:2]:
+            step(clients[protocols[cid]], cid, 0)
     finally:
         for c in clients.values():
             c.close()
+    assert placements[101][0] != placements[102][0]
+    with ThreadPoolExecutor(len(ids)) as pool:
+        waiting = [pool.submit(run, cid, 0) for cid in ids[2:]]
+        running = [pool.submit(run, cid, 1) for cid in ids[:2]]
+        for f in running + waiting:
+            f.result(TIMEOUT)
 
     expected = [4.0 * sum(range(1, k + 2)) for k in range(steps)]  # X = k+1 in 4 elements
     for cid in ids:
         assert len(set(placements[cid])) == 1, (cid, placements[cid])
         assert sums[cid] == expected, (cid, sums[cid])
-    per_instance = Counter(placements[cid][0] for cid in ids)
-    assert sorted(per_instance.values()) == [2, 2], per_instance
+    for who in set(placements[101] + placements[102]):
+        order = sorted((o, cid) for cid in ids if placements[cid][0] == who for o in orders[cid])
+        runs = [cid for i, (_, cid) in enumerate(order) if i == 0 or order[i - 1][1] != cid]
+        assert len(runs) == len(set(runs)), (who, order)  # one sequence after another
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)

@@ -54,7 +54,6 @@ from stubhost.host.tickets import Ticket
 from stubhost.host.trace import RequestTrace
 from stubhost.host.sequence_batcher import SequenceScheduler
 from stubhost.host.sequence_controls import SequenceControls
-from stubhost.host.sequences import SequenceRouter
 from stubhost.host.stats import BACKEND, CANCELED, OTHER, ModelStatistics
 from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
 from stubhost.protocol import write_payload
@@ -119,17 +118,17 @@ class LoadedModel(Retirable):
         for inst in self.instances():
             inst.warmup.count_into(self.stats)  # warmup requests count, as in Triton
         self.decoupled = bool(config.model_transaction_policy.decoupled)
-        # Sequences go straight to their instance, or (a model that batches) through the
-        # sequence batcher; other requests wait in a version's queue when the model batches or
-        # has several instances to choose from.
-        self.sequences = SequenceRouter(name, config) if config.HasField("sequence_batching") else None
-        self.controls = SequenceControls.of(name, config) if self.sequences is not None else None
+        # Sequences go through the sequence batcher (one slot per instance without batching, as in
+        # Triton); other requests wait in a version's queue when the model batches or has several
+        # instances to choose from. So a version without a queue has one instance.
+        self.sequence = config.HasField("sequence_batching")
+        self.controls = SequenceControls.of(name, config) if self.sequence else None
         self.schedulers: dict[int, Scheduler] = {}
         for version, group in versions.items():
-            if self.sequences is not None and config.max_batch_size > 0:
+            if self.sequence:
                 self.schedulers[version] = SequenceScheduler(name, version, group, config, self.decoupled,
                                                              self.controls)
-            elif self.sequences is None and (config.HasField("dynamic_batching") or len(group) > 1):
+            elif config.HasField("dynamic_batching") or len(group) > 1:
                 self.schedulers[version] = Scheduler(name, version, group, config, self.decoupled)
         self.cache_use = install_cache(self, cache)  # the server's response cache (None: not used)
 
@@ -248,21 +247,11 @@ class LoadedModel(Retirable):
         return resolve_version(self.name, self.versions, self.latest, model_version)
 
     def _route(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None, version: int,
-               request_id: str, correlation_id: int | str,
-               flags: int) -> tuple[ModelInstance, list[tuple[str, Any, int]], list[str | RegionDestination]]:
-        """Validates a request and picks its instance: its sequence's, or (a model with one
-        instance per version and no queue) that one."""
-        group = self.versions[version]
+               request_id: str) -> tuple[ModelInstance, list[tuple[str, Any, int]], list[str | RegionDestination]]:
+        """Validates a request for a version without a queue, and gives its one instance."""
         tensors = self.checker.check_inputs(inputs, request_id)
         requested = self.checker.check_outputs(outputs, request_id)
-        if self.sequences is not None:
-            tensors = self._sequence_tensors(tensors, self._batch_size(tensors), correlation_id, flags)
-            return self.sequences.route(version, group, correlation_id, flags), tensors, requested
-        instance = group[0]
-        if len(group) > 1:
-            ready = [i for i in group if i.state is InstanceState.READY] or group
-            instance = min(ready, key=ModelInstance.load_count)
-        return instance, tensors, requested
+        return self.versions[version][0], tensors, requested
 
     def _ticket(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
                 parameters: str, request_id: str, correlation_id: int | str, flags: int, timeout_us: int | None,
@@ -271,7 +260,7 @@ class LoadedModel(Retirable):
         tensors = self.checker.check_inputs(inputs, request_id)
         requested = self.checker.check_outputs(outputs, request_id)
         size = self._batch_size(tensors)
-        if self.sequences is not None:
+        if self.sequence:
             tensors = self._sequence_tensors(tensors, size, correlation_id, flags)
         return Ticket(tensors, requested, request_id, parameters, correlation_id, flags, timeout_us, size, priority,
                       begin)
@@ -342,7 +331,7 @@ class LoadedModel(Retirable):
                 queued = scheduler.wait(ticket, timeout)
                 return self._response(version, ticket.tensors, queued, begin, request_id,  # type: ignore[arg-type]
                                       ticket)
-            instance, tensors, requested = self._route(inputs, outputs, version, request_id, correlation_id, flags)
+            instance, tensors, requested = self._route(inputs, outputs, version, request_id)
             stage = BACKEND
             result = instance.execute(tensors, requested, request_id, parameters, correlation_id, flags, timeout,
                                       timeout_us=timeout_us)
@@ -371,7 +360,7 @@ class LoadedModel(Retirable):
                 queued = await scheduler.wait_async(ticket, timeout)
                 return self._response(version, ticket.tensors, queued, begin, request_id,  # type: ignore[arg-type]
                                       ticket, trace)
-            instance, tensors, requested = self._route(inputs, outputs, version, request_id, correlation_id, flags)
+            instance, tensors, requested = self._route(inputs, outputs, version, request_id)
             stage = BACKEND
             result = await instance.execute_async(tensors, requested, request_id, parameters, correlation_id, flags,
                                                   timeout, timeout_us=timeout_us)
@@ -389,7 +378,7 @@ class LoadedModel(Retirable):
         StubProcess.submit). False, with nothing started, when the request needs a waiting
         thread: a sequence, a decoupled model, no READY instance (without a queue). Raises
         InferenceError for a request refused before it started."""
-        if self.decoupled or self.sequences is not None:
+        if self.decoupled or self.sequence:
             return False
         begin = time.monotonic_ns()
         version: int | None = None
@@ -403,7 +392,7 @@ class LoadedModel(Retirable):
                 scheduler.start(ticket, functools.partial(self._submitted, version, ticket.tensors, begin, request_id,
                                                           done, ticket=ticket), linger)
                 return True
-            instance, tensors, requested = self._route(inputs, outputs, version, request_id, correlation_id, flags)
+            instance, tensors, requested = self._route(inputs, outputs, version, request_id)
             if instance.state is not InstanceState.READY:
                 return False
         except InferenceError as e:
@@ -486,8 +475,7 @@ class LoadedModel(Retirable):
                 tally = StreamTally(self, version, ticket.tensors, begin, request_id, timeout)
                 stream: RequestStream = scheduler.wait(ticket, tally.remaining())  # type: ignore[assignment]
             else:
-                instance, tensors, requested = self._route(inputs, outputs, version, request_id, correlation_id,
-                                                           flags)
+                instance, tensors, requested = self._route(inputs, outputs, version, request_id)
                 tally = StreamTally(self, version, tensors, begin, request_id, timeout)
                 stage = BACKEND
                 stream = instance.open_stream(tensors, requested, request_id, parameters, correlation_id, flags,
@@ -521,8 +509,7 @@ class LoadedModel(Retirable):
                 tally = StreamTally(self, version, ticket.tensors, begin, request_id, timeout, trace)
                 stream: RequestStream = await scheduler.wait_async(ticket, tally.remaining())  # type: ignore[assignment]
             else:
-                instance, tensors, requested = self._route(inputs, outputs, version, request_id, correlation_id,
-                                                           flags)
+                instance, tensors, requested = self._route(inputs, outputs, version, request_id)
                 tally = StreamTally(self, version, tensors, begin, request_id, timeout, trace)
                 stage = BACKEND
                 process = instance.process

@@ -1,21 +1,24 @@
-"""Triton's sequence batcher for a sequence model that batches (``sequence_batching`` with
-``max_batch_size > 0``): requests of different sequences that share an instance run in one
-``execute(requests)``, at most one request of a sequence per batch.
+"""Triton's sequence batcher, the scheduler of every sequence model (``sequence_batching``):
+each instance runs at most one request of each of its sequences at a time, and (a model that
+batches) requests of different sequences that share an instance run in one ``execute(requests)``.
 
 It is the version's queue (scheduler.py) with other rules for what waits where and what a batch
 takes; sending batches, waiting for them, cancellation, timeouts, restarts and statistics are the
-queue's. A model with ``max_batch_size: 0`` keeps ``SequenceRouter`` (sequences.py).
+queue's.
 
-- **Slots.** Each instance has ``max_batch_size`` slots (``direct``, the default), or
-  ``oldest.max_candidate_sequences`` (default ``max_batch_size``). A START takes the free slot
-  with the lowest number (READY instances first, then the one with the fewest open sequences);
-  the sequence keeps it until its END request is taken into a batch, or until it has had no
-  request for ``max_sequence_idle_microseconds`` (its requests already waiting still run). With
-  no slot free the sequence waits in the version's backlog, its requests gathered there in
-  order; a slot that frees goes to the oldest sequence of the backlog.
+- **Slots.** Each instance has ``max(1, max_batch_size)`` slots (``direct``, the default), or
+  ``oldest.max_candidate_sequences`` (default the same), as Triton counts them
+  (SequenceBatchScheduler::Create): so without ``max_batch_size`` an instance runs one sequence
+  at a time. A START takes the free slot with the lowest number (READY instances first, then the
+  one with the fewest open sequences); the sequence keeps it until its END request is taken
+  into a batch, or until it has had no request for ``max_sequence_idle_microseconds`` (its
+  requests already waiting still run). With no slot free the sequence waits in the version's
+  backlog, its requests gathered there in order; a slot that frees goes to the oldest sequence
+  of the backlog.
 - **Batches.** An instance runs one batch at a time, and a batch takes at most the oldest waiting
   request of each slot, so a sequence's requests run one after another, in order, and never two
-  at once. ``direct``: the batch lists slots 0 to the highest slot with a request, each request at
+  at once. Without ``max_batch_size`` a batch is one request (Triton's batchers then take at
+  most 1: one slot, or ``oldest``'s dynamic batcher with a maximum of 1). ``direct``: the batch lists slots 0 to the highest slot with a request, each request at
   its slot's position; a slot with no request (or whose request's shapes differ from the first's,
   Triton's equal-shape rule) gets a filler, Triton's "null request": the first request's inputs
   zeroed, START, END and READY false, CORRID 0, correlation id 0, flags 0, no caller (its response
@@ -76,7 +79,7 @@ class _Slot:
 
 
 class SequenceScheduler(Scheduler):
-    """The sequence batcher of one version of a model that batches (see the module's text)."""
+    """The sequence batcher of one version of a sequence model (see the module's text)."""
 
     def __init__(self, model_name: str, version: int, instances: list[ModelInstance], config: ModelConfig,
                  decoupled: bool, controls: SequenceControls | None) -> None:
@@ -86,7 +89,7 @@ class SequenceScheduler(Scheduler):
         self.oldest = sequence.HasField("oldest")
         strategy = sequence.oldest if self.oldest else sequence.direct
         self.delay_ns = int(strategy.max_queue_delay_microseconds) * 1000
-        count = self.max_batch_size
+        count = max(self.max_batch_size, 1)  # Triton: at least one slot, also without batching
         if self.oldest:  # _batch_count: Triton's dynamic batcher over the slots' next requests
             count = int(sequence.oldest.max_candidate_sequences) or count
             self.batching = True
@@ -244,7 +247,7 @@ class SequenceScheduler(Scheduler):
         if first is None:
             return [], None
         if (self.delay_ns and self.utilization and now - oldest <= self.delay_ns
-                and ready / self.max_batch_size < self.utilization):
+                and ready / max(self.max_batch_size, 1) < self.utilization):
             return [], oldest + self.delay_ns + 1
         batch = []
         for slot in slots[:top + 1]:
