@@ -24,6 +24,7 @@ from typing import Any
 import uvicorn
 
 from stubhost.host.errors import InferenceError
+from stubhost.host.rate_limiter import EXECUTION_COUNT, RateLimitFlagError, parse_mode, parse_resource
 from stubhost.host.server import Server
 from stubhost.logs import UNESCAPED, add_log_arguments, configure_logging, flag_bool
 from stubhost.server.grpc_app import create_grpc_server
@@ -96,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
                           ("log-frequency", "triton,log-frequency")):
         serve.add_argument(f"--trace-{name}", default=None, metavar="VALUE",
                            help=f"deprecated: --trace-config {instead}=VALUE")
+    serve.add_argument("--rate-limit", default="off", metavar="MODE",
+                       help="off (the default) or execution_count: Triton's rate limiter (see docs/scheduling.md)")
+    serve.add_argument("--rate-limit-resource", action="append", default=[], metavar="NAME:COUNT[:DEVICE]",
+                       help="the copies of a rate limiter resource, on every device or one (repeatable)")
     serve.add_argument("--reuse-http-port", type=flag_bool, default=False, metavar="BOOL",
                        help="let several servers listen on the same HTTP port (each must set it)")
     add_grpc_arguments(serve)  # tritonserver's gRPC TLS, keepalive and port-reuse flags
@@ -127,8 +132,6 @@ IGNORED_FLAGS = {
     "--metrics-interval-ms": "metrics are read at each scrape",
     "--http-thread-count": "HTTP runs on one event loop",
     "--grpc-infer-allocation-pool-size": "responses are not pooled",
-    "--rate-limit": "the rate limiter is not supported",
-    "--rate-limit-resource": "the rate limiter is not supported",
     "--buffer-manager-thread-count": "there is no buffer manager",
     "--host-policy": "host policies are not supported",
     "--enable-peer-access": "no GPU backends",
@@ -303,6 +306,15 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     for level, line in metrics_config.report:
         log.log(logging.ERROR if level == "ERROR" else logging.WARNING, "%s", line)
+    try:
+        rate_limit = parse_mode(args.rate_limit)
+        resources = [parse_resource(value) for value in args.rate_limit_resource]
+    except RateLimitFlagError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if rate_limit == EXECUTION_COUNT:
+        log.info("Rate limit mode: EXEC_COUNT; resources given: %s",
+                 ", ".join(f"{n}:{c}" + ("" if d < 0 else f":{d}") for n, c, d in resources) or "none")
     _report_ignored(args)
     for name in ("http", "grpc", "metrics"):
         if getattr(args, f"{name}_address") is None:
@@ -330,6 +342,7 @@ def serve(args: argparse.Namespace) -> int:
                         auto_complete_config=auto_complete, load_threads=args.model_load_thread_count,
                         model_load_retry_count=args.model_load_retry_count, metrics_config=metrics_config,
                         stub_settings=backend.stub, response_cache_bytes=cache.size,
+                        rate_limit=rate_limit, rate_limit_resources=resources,
                         poll_interval=args.repository_poll_secs if args.model_control_mode == "poll" else None)
     except (InferenceError, OSError, KeyboardInterrupt) as e:
         for sock in sockets.values():

@@ -155,6 +155,56 @@ def test_a_negative_model_load_retry_count_is_refused(good_repo: Path):
     assert "error: --model-load-retry-count must be at least 0" in done.stderr
 
 
+# ---- the rate limiter ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def limited_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """add_sub, whose instance needs one copy of resource R per execution."""
+    repo = build_repository(tmp_path_factory.mktemp("cli_limited") / "models", "add_sub")
+    config = repo / "add_sub" / "config.pbtxt"
+    text = config.read_text()
+    assert text.count("kind: KIND_CPU") == 1
+    config.write_text(text.replace("kind: KIND_CPU", 'kind: KIND_CPU rate_limiter { resources [ { name: "R" '
+                                                     "count: 1 } ] priority: 2 }"))
+    return repo
+
+
+def test_rate_limit_flags_start_a_limited_server(limited_repo: Path):
+    srv = ServeProcess(limited_repo, "--rate-limit", "execution_count", "--rate-limit-resource", "R:1",
+                       "--rate-limit-resource=R:3:1")
+    with srv:
+        children = child_stub_pids(srv.proc.pid)
+        add_sub_works(httpclient, srv.http_url)
+        add_sub_works(grpcclient, srv.grpc_url)
+        assert "Rate limit mode: EXEC_COUNT; resources given: R:1, R:3:1" in srv.log
+        assert "has no effect" not in srv.log
+    assert_clean_exit(srv, children)
+
+
+def test_a_model_that_needs_more_than_the_rate_limit_resource_gives_fails_start_up(limited_repo: Path):
+    done = run_serve("--model-repository", str(limited_repo), "--http-port", "0", "--grpc-port", "0",
+                     "--metrics-port", "0", "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+                     "--rate-limit=execution_count", "--rate-limit-resource=R:0")
+    assert done.returncode == 1, done.stderr
+    assert ("error: creating server: failed to load 'add_sub': Resource count for \"R\" is limited to 0 which "
+            "will prevent scheduling of one or more model instances, the minimum required count is 1") in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--rate-limit", "sometimes"], 'error: Bad option: "--rate-limit". invalid argument for --rate-limit'),
+    (["--rate-limit-resource", "R"], 'error: Bad option: "--rate-limit-resource". --rate-limit-resource option '
+                                     "format is '<resource_name>:<count>:<device>' or '<resource_name>:<count>'. "
+                                     "Got R"),
+    (["--rate-limit-resource=R:x"], 'error: Bad option: "--rate-limit-resource". Invalid option value. Got x'),
+    (["--rate-limit", "off", "--rate-limit-resource=R:1:2:3"], "Got R:1:2:3"),  # checked even when off
+])
+def test_bad_rate_limit_values_are_refused(limited_repo: Path, flags: list[str], words: str):
+    done = run_serve("--model-repository", str(limited_repo), *flags)
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_missing_repository_fails(tmp_path: Path):
     done = run_serve("--model-repository", str(tmp_path / "nowhere"), "--http-port", "0", "--grpc-port", "0",
                      "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1")

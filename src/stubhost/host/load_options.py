@@ -19,6 +19,7 @@ from stubhost.host.ensemble import ModelLookup
 from stubhost.host.errors import InferenceError
 from stubhost.host.execution_env import ENV_PARAMETER, ExecutionEnvError, ExecutionEnvs, env_path_of
 from stubhost.host.instance_spec import RestartPolicy
+from stubhost.host.rate_limiter import RateLimiter
 from stubhost.host.response_cache import ResponseCache
 from stubhost.host.stats import LatencySummary
 from stubhost.host.stub_process import StubProcess, StubSettings
@@ -42,6 +43,7 @@ class LoadOptions:
     stub: StubSettings = field(default_factory=StubSettings)
     envs: ExecutionEnvs = field(default_factory=ExecutionEnvs)  # models' EXECUTION_ENV_PATH environments
     response_cache: ResponseCache | None = None  # the server's response cache (None: the server has none)
+    rate_limiter: RateLimiter | None = None  # the server's rate limiter (None: --rate-limit off)
     load_retry_count: int = 0  # attempts after a failed one before a load fails (--model-load-retry-count)
     # makes each latency summary of a model version (None: none kept; --metrics-config summary_latencies)
     latency_summary: Callable[[], LatencySummary] | None = None

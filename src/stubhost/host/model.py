@@ -43,6 +43,7 @@ from stubhost.host.instance import InstanceState, ModelInstance, RequestStream
 from stubhost.host.instance_spec import InstanceSpec, load_error
 from stubhost.host.load_options import LoadOptions
 from stubhost.host.labels import OutputClasses, read_output_classes
+from stubhost.host.rate_limiter import ModelLimits, RateLimiter
 from stubhost.host.streams import StreamItem
 from stubhost.host.stream_tally import StreamTally
 from stubhost.host.repository import ModelDir, model_file
@@ -84,6 +85,14 @@ def _auto_complete(process: StubProcess, cfg: ModelConfig, file: Path, model_dir
     return config_from_dict(reply["config"], source)
 
 
+def _with_groups(cfg: ModelConfig, model_dir: ModelDir,
+                 instances: list[ModelInstance]) -> list[tuple[ModelInstance, Any]]:
+    """Each instance with its instance group (the instances come in ``_instance_specs``' order)."""
+    versions = dict.fromkeys(inst.spec.version for inst in instances)
+    groups = [group for _ in versions for group in cfg.instance_group for _ in instance_placements(group, model_dir)]
+    return list(zip(instances, groups))
+
+
 _CALLER_TIMEOUT = "Request timeout expired:"  # how instance.py and StreamTally word a caller's timeout
 
 
@@ -104,7 +113,8 @@ class LoadedModel(Retirable):
     """A model with all its versions' instances running (a reload retires it: see Retirable)."""
 
     def __init__(self, name: str, model_dir: ModelDir, config: ModelConfig,
-                 versions: dict[int, list[ModelInstance]], *, classes: OutputClasses, cache: Any = None) -> None:
+                 versions: dict[int, list[ModelInstance]], *, classes: OutputClasses, cache: Any = None,
+                 limits: ModelLimits | None = None) -> None:
         Retirable.__init__(self)
         self.name = name
         self.model_dir = model_dir
@@ -119,17 +129,19 @@ class LoadedModel(Retirable):
             inst.warmup.count_into(self.stats)  # warmup requests count, as in Triton
         self.decoupled = bool(config.model_transaction_policy.decoupled)
         # Sequences go through the sequence batcher (one slot per instance without batching, as in
-        # Triton); other requests wait in a version's queue when the model batches or has several
-        # instances to choose from. So a version without a queue has one instance.
+        # Triton); other requests wait in a version's queue when the model batches, has several
+        # instances to choose from, or is rate limited (`limits`: every execution starts in the
+        # queue, rate_limiter.py). So a version without a queue has one instance.
         self.sequence = config.HasField("sequence_batching")
         self.controls = SequenceControls.of(name, config) if self.sequence else None
+        self.limits = limits
         self.schedulers: dict[int, Scheduler] = {}
         for version, group in versions.items():
             if self.sequence:
                 self.schedulers[version] = SequenceScheduler(name, version, group, config, self.decoupled,
-                                                             self.controls)
-            elif config.HasField("dynamic_batching") or len(group) > 1:
-                self.schedulers[version] = Scheduler(name, version, group, config, self.decoupled)
+                                                             self.controls, limits)
+            elif config.HasField("dynamic_batching") or len(group) > 1 or limits is not None:
+                self.schedulers[version] = Scheduler(name, version, group, config, self.decoupled, limits)
         self.cache_use = install_cache(self, cache)  # the server's response cache (None: not used)
 
     # ---- loading ---------------------------------------------------------------------------------
@@ -182,7 +194,7 @@ class LoadedModel(Retirable):
         except BaseException:
             first.close()
             raise
-        return cls._start(name, model_dir, cfg, specs, first, classes, options.response_cache)
+        return cls._start(name, model_dir, cfg, specs, first, classes, options.response_cache, options.rate_limiter)
 
     @staticmethod
     def _instance_specs(name: str, model_dir: ModelDir, cfg: ModelConfig, versions: Sequence[int],
@@ -203,9 +215,12 @@ class LoadedModel(Retirable):
 
     @classmethod
     def _start(cls, name: str, model_dir: ModelDir, cfg: ModelConfig, specs: list[InstanceSpec],
-               first: StubProcess, classes: OutputClasses, cache: Any = None) -> LoadedModel:
-        """Starts every stub at once (their interpreters boot in parallel), then initializes them."""
+               first: StubProcess, classes: OutputClasses, cache: Any = None,
+               limiter: RateLimiter | None = None) -> LoadedModel:
+        """Starts every stub at once (their interpreters boot in parallel), then initializes them,
+        then registers them with the server's rate limiter (which may refuse them, as Triton's)."""
         instances: list[ModelInstance] = []
+        limits = None
         try:
             # The latest version's first instance reuses the stub that ran auto-complete.
             first_index = max(range(len(specs)), key=lambda i: (specs[i].version, -i))
@@ -217,6 +232,8 @@ class LoadedModel(Retirable):
             failed = next((e for e in errors if e is not None), None)
             if failed is not None:
                 raise failed
+            if limiter is not None:
+                limits = limiter.register(name, _with_groups(cfg, model_dir, instances))
         except BaseException as e:
             for inst in instances:
                 inst.stop()
@@ -230,7 +247,7 @@ class LoadedModel(Retirable):
             versions.setdefault(inst.spec.version, []).append(inst)
         log.info("successfully loaded '%s' version(s) %s with %d instance(s)", name,
                  ",".join(map(str, sorted(versions))), len(instances))
-        return cls(name, model_dir, cfg, versions, classes=classes, cache=cache)
+        return cls(name, model_dir, cfg, versions, classes=classes, cache=cache, limits=limits)
 
     # ---- serving ---------------------------------------------------------------------------------
     def instances(self) -> list[ModelInstance]:
@@ -560,3 +577,5 @@ class LoadedModel(Retirable):
             thread.start()
         for thread in threads:
             thread.join()
+        if self.limits is not None:  # after the last execution ended: what its instances held goes back
+            self.limits.unregister()

@@ -2,10 +2,9 @@
 
 This is Triton's dynamic batcher, and its default scheduler for a model with several instances.
 Requests wait in the queue (one per priority level, each with its queue policy); whenever an
-instance has no Execute in flight, the requests at the front that fit form its next batch, sent
-as one Execute whose requests the model gets as one list (as Triton's Python backend does: a list
-of requests, never concatenated tensors). So a request always goes to an instance that is free,
-and a slow instance never holds up requests another instance could run.
+instance has no Execute in flight, the requests at the front that fit form its next batch: one
+Execute, whose requests the model gets as one list (never concatenated, as in Triton's Python
+backend). So a request always goes to a free instance, and a slow one never holds up the others.
 
 How a batch is formed (dynamic batching; without it every batch is one request):
 - requests are taken in priority order, oldest first, while their batch dimensions add up to at
@@ -20,17 +19,15 @@ How a batch is formed (dynamic batching; without it every batch is one request):
   (a model with optional inputs), ends the batch before it, and the batch goes at once.
 
 Queue policies: ``max_queue_size`` rejects with UNAVAILABLE "Exceeds maximum queue size"; a
-request whose queue timeout (``default_timeout_microseconds``, or the request's own ``timeout``
-when ``allow_timeout_override``) runs out while queued is rejected with UNAVAILABLE "Request
-timeout expired", or with ``timeout_action: DELAY`` moved behind the requests of its level that
-did not time out. ``preserve_ordering`` hands the responses back in the order the requests came.
-A request this scheduler fails carries its failure reason (stats.py) in ``Ticket.failure``: the
-queue policies' refusals are REJECTED, a caller's own timeout CANCELED, unloading OTHER, and the
-rest (the model's errors, a stub that is gone or cannot take the request) BACKEND.
+request whose queue timeout (``default_timeout_microseconds``, or its own ``timeout`` with
+``allow_timeout_override``) runs out while queued is rejected (UNAVAILABLE "Request timeout
+expired") or, with ``timeout_action: DELAY``, moved behind its level's live requests.
+``preserve_ordering`` hands back responses in arrival order. A failed request's reason (stats.py)
+is in ``Ticket.failure``: REJECTED (policies), CANCELED (its caller's timeout), OTHER (unload), BACKEND.
 
-Threads: whoever submits a request or completes a batch dispatches what can go now (no extra
-thread hop on the hot path); one timer thread per scheduler wakes for queue delays, queue
-timeouts and instances that come back from a restart.
+Threads: whoever submits a request or completes a batch dispatches what can go now; one timer
+thread per scheduler wakes for queue delays, queue timeouts and restarts. With a rate limiter
+(rate_limiter.py) a free instance must also be admitted by ``limits``; a grant calls ``_release(None)``.
 """
 
 from __future__ import annotations
@@ -51,6 +48,7 @@ from stubhost.host.answers import ExecuteResult
 from stubhost.host.doorbell import AnswerSpin, wake
 from stubhost.host.errors import InferenceError
 from stubhost.host.instance import START_SLACK_S, InstanceState, ModelInstance, RequestStream
+from stubhost.host.rate_limiter import ModelLimits
 from stubhost.host.stats import BACKEND, CANCELED, OTHER, REJECTED
 from stubhost.host.streams import ResponseStream
 from stubhost.host.stub_process import StubProcess
@@ -64,7 +62,7 @@ class Scheduler:
     """The queue and the dispatcher of one model version's instances."""
 
     def __init__(self, model_name: str, version: int, instances: list[ModelInstance], config: ModelConfig,
-                 decoupled: bool) -> None:
+                 decoupled: bool, limits: ModelLimits | None = None) -> None:
         self.model_name = model_name
         self.version = version
         self.instances = instances
@@ -92,6 +90,7 @@ class Scheduler:
         self._order: deque[Ticket] = deque()  # preserve_ordering: every unsettled request, in order
         self._stopped = False
         self._timer: threading.Thread | None = None
+        self.limits = limits.bind(instances, functools.partial(self._release, None)) if limits is not None else None
 
     # ---- the callers' side -----------------------------------------------------------------------
     def submit(self, ticket: Ticket, own: bool = False, linger: float = 0.0) -> _Flight | None:
@@ -184,7 +183,7 @@ class Scheduler:
             if instance is None:
                 break
             count = self._batch_count(now)
-            if not count:
+            if not count or (self.limits is not None and (instance := self.limits.admit(self._free)) is None):
                 break
             self._free.remove(instance)
             batch = []
@@ -329,12 +328,16 @@ class Scheduler:
                                                                 "could not be read"))
         self._release(instance)
 
-    def _release(self, instance: ModelInstance) -> None:
-        """The instance is free: it takes the next batch, if one can go."""
+    def _release(self, instance: ModelInstance | None) -> None:
+        """The instance is free (None: the rate limiter granted resources): it takes the next batch."""
         with self._lock:
-            self._free.append(instance)
+            if instance is not None:
+                self._free.append(instance)
+            grants = self.limits.release(instance, self._queued) if self.limits is not None else None
             batches = self._take_batches(time.monotonic_ns())
         self._send(batches)
+        if grants:  # (there is a limiter)
+            self.limits.settle(grants)  # type: ignore[union-attr]
 
     # ---- outcomes --------------------------------------------------------------------------------
     def _settle(self, ticket: Ticket, outcome: ExecuteResult | ResponseStream | RequestStream | InferenceError,
@@ -409,7 +412,7 @@ class Scheduler:
         if self._free:
             if not any(i.state is InstanceState.READY for i in self._free):
                 instants.append(now + int(RESTART_POLL_S * 1e9))
-            elif self.delay_ns:
+            elif self.delay_ns and not (self.limits is not None and self.limits.waiting(self._free)):
                 oldest = min((t.enqueued for t in self._ordered()), default=now)
                 instants.append(oldest + self.delay_ns)
         if self.timeouts:

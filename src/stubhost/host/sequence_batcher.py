@@ -4,7 +4,8 @@ batches) requests of different sequences that share an instance run in one ``exe
 
 It is the version's queue (scheduler.py) with other rules for what waits where and what a batch
 takes; sending batches, waiting for them, cancellation, timeouts, restarts and statistics are the
-queue's.
+queue's. With a rate limiter (rate_limiter.py) an instance with waiting requests starts a batch
+only once it is admitted, and gives its resources back when its batch waits for a queue delay.
 
 - **Slots.** Each instance has ``max(1, max_batch_size)`` slots (``direct``, the default), or
   ``oldest.max_candidate_sequences`` (default the same), as Triton counts them
@@ -44,6 +45,7 @@ import numpy as np
 
 from stubhost.config import ModelConfig
 from stubhost.host.instance import InstanceState, ModelInstance
+from stubhost.host.rate_limiter import ModelLimits
 from stubhost.host.scheduler import RESTART_POLL_S, Scheduler
 from stubhost.host.sequence_controls import SequenceControls
 from stubhost.host.sequences import (
@@ -82,8 +84,8 @@ class SequenceScheduler(Scheduler):
     """The sequence batcher of one version of a sequence model (see the module's text)."""
 
     def __init__(self, model_name: str, version: int, instances: list[ModelInstance], config: ModelConfig,
-                 decoupled: bool, controls: SequenceControls | None) -> None:
-        super().__init__(model_name, version, instances, config, decoupled)
+                 decoupled: bool, controls: SequenceControls | None, limits: ModelLimits | None = None) -> None:
+        super().__init__(model_name, version, instances, config, decoupled, limits)
         sequence = config.sequence_batching
         self.controls = controls
         self.oldest = sequence.HasField("oldest")
@@ -216,10 +218,15 @@ class SequenceScheduler(Scheduler):
                 for slot in slots:
                     if slot.running:  # the instance is free: that request's batch is over
                         slot.running, slot.since = False, now
+                if (self.limits is not None and any(slot.queue for slot in slots)
+                        and self.limits.admit([instance]) is None):
+                    continue  # it waits for the rate limiter's resources: their grant pokes the queue
                 batch, at = self._oldest_batch(slots, now) if self.oldest else self._direct_batch(slots, now)
                 if batch:
                     self._free.remove(instance)
                     batches.append((instance, batch))
+                elif self.limits is not None:
+                    self.limits.give_back(instance)  # admitted, but its batch waits (a queue delay)
             if at is not None:
                 wake = at if wake is None else min(wake, at)
         if self._backlog:

@@ -37,6 +37,7 @@ from stubhost.host.instance_spec import RestartPolicy
 from stubhost.host.labels import OutputClasses
 from stubhost.host.load_options import LoadOptions
 from stubhost.host.load_retry import load_model
+from stubhost.host.rate_limiter import RateLimiter, Resources
 from stubhost.host.model import LoadedModel
 from stubhost.config import ModelConfig
 from stubhost.host.repository import (
@@ -75,8 +76,9 @@ class Server:
     fails; ``stub_settings`` sizes each stub's shared memory; ``response_cache_bytes`` (None or 0:
     none) gives the server a response cache of that many bytes; ``metrics_config`` (a
     ``stubhost.server.metrics_config.MetricsConfig``, tritonserver's ``--metrics-config``) sets
-    what ``render_metrics`` shows and whether latency summaries are kept. All methods are
-    thread-safe.
+    what ``render_metrics`` shows and whether latency summaries are kept; ``rate_limit`` and
+    ``rate_limit_resources`` are tritonserver's ``--rate-limit`` and ``--rate-limit-resource``
+    (rate_limiter.py). All methods are thread-safe.
     """
 
     def __init__(self, model_repository: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
@@ -86,7 +88,8 @@ class Server:
                  init_timeout: float = 120.0, finalize_timeout: float = 30.0,
                  poll_interval: float | None = None, load_threads: int = 8,
                  stub_settings: StubSettings | None = None, response_cache_bytes: int | None = None,
-                 model_load_retry_count: int = 0, metrics_config: MetricsConfig | None = None) -> None:
+                 model_load_retry_count: int = 0, metrics_config: MetricsConfig | None = None,
+                 rate_limit: str = "off", rate_limit_resources: Resources = ()) -> None:
         self.repositories = _paths(model_repository)
         self.repository = self.repositories[0]
         policy = restart if isinstance(restart, RestartPolicy) else RestartPolicy(enabled=bool(restart))
@@ -96,6 +99,7 @@ class Server:
                                     stub=stub_settings or StubSettings(),
                                     response_cache=ResponseCache.of(response_cache_bytes),
                                     load_retry_count=model_load_retry_count,
+                                    rate_limiter=RateLimiter.create(rate_limit, rate_limit_resources),
                                     latency_summary=metrics_config.summary_factory() if metrics_config else None)
         self.metrics_config = metrics_config
         self.stub_settings = self._options.stub
