@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, final
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,6 +32,7 @@ import pytest
 import stubhost
 from stubhost import InferenceError
 from tests.host.repo_factory import config_pbtxt, io, wait_until, write_model
+from tests.host.test_scheduler import Gate
 
 TIMEOUT = 30.0
 START, END = 1, 2
@@ -206,30 +207,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[stubhost.Server
 
 
 # ---- helpers ----------------------------------------------------------------------------------------
-@final
-class Gate:
-    """Holds the instance that runs a request carrying ``params()`` until ``open()``."""
-
-    def __init__(self, folder: Path, name: str = "gate") -> None:
-        self.started = folder / f"{name}.started"
-        self.path = folder / f"{name}.open"
-
-    def params(self, **extra: Any) -> dict[str, Any]:
-        return {"started": str(self.started), "gate": str(self.path), **extra}
-
-    def wait_started(self) -> None:
-        assert wait_until(self.started.exists, TIMEOUT), "the gated request never started"
-
-    def open(self) -> None:
-        self.path.touch()
-
-    def __enter__(self) -> Gate:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.open()
-
-
 def read(out: dict[str, np.ndarray]) -> dict[str, Any]:
     return {"batch": json.loads(out["BATCH"].reshape(-1)[0]), "idx": int(out["IDX"].reshape(-1)[0]),
             "seq": int(out["SEQ"].reshape(-1)[0]), "who": out["WHO"].reshape(-1)[0].decode(),
