@@ -32,41 +32,12 @@ import pytest
 import stubhost
 from stubhost import InferenceError
 from tests.host.repo_factory import config_pbtxt, io, wait_until, write_model
-from tests.host.test_scheduler import Gate
+from tests.host.test_scheduler import GATED_HEAD, Gate
 
 TIMEOUT = 30.0
 START, END = 1, 2
 
-SEQ_PY = '''
-import json
-import os
-import time
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-def _wait_for(path):
-    deadline = time.monotonic() + 60
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.002)
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.name = args["model_instance_name"]
-        self.calls = 0
-        self.seen = {}
-
-    def execute(self, requests):
-        self.calls += 1
-        params = [json.loads(r.parameters() or "{}") for r in requests]
-        for p in params:
-            if "started" in p:
-                open(p["started"], "w").close()
-        for p in params:
-            if "gate" in p:
-                _wait_for(p["gate"])
+SEQ_PY = GATED_HEAD + '''        self.calls += 1
         for p in params:
             if "exit" in p:
                 os._exit(int(p["exit"]))
@@ -99,6 +70,11 @@ class TritonPythonModel:
                 pb_utils.Tensor("SEEN", np.array([[json.dumps(seen).encode()]], np.object_)),
             ]))
         return responses
+
+    def initialize(self, args):
+        self.name = args["model_instance_name"]
+        self.calls = 0
+        self.seen = {}
 '''
 
 # Decoupled: each request sends two responses [corr, k, batch size], then the final flag.
