@@ -21,7 +21,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ import pytest
 import stubhost
 from stubhost import InferenceError
 from tests.host.repo_factory import config_pbtxt, io, wait_until, write_model
-from tests.host.test_scheduler import GATED_HEAD, Gate
+from tests.host.test_scheduler import GATED_HEAD, Gate, batch_counts, enqueue, queued, stats
 
 TIMEOUT = 30.0
 START, END = 1, 2
@@ -195,31 +195,6 @@ def send(server: stubhost.Server, model: str, corr: int | str, flags: int = 0, v
     shape = (1, length) if server._models[model].config.max_batch_size else (length,)
     return read(server.infer(model, {"X": np.full(shape, value, np.float32)}, correlation_id=corr,
                              flags=flags, **kw))
-
-
-def queued(server: stubhost.Server, model: str) -> int:
-    return server._models[model].schedulers[1].queued()
-
-
-def enqueue(pool: ThreadPoolExecutor, server: stubhost.Server, model: str, fn: Callable[[], Any],
-            expect: int) -> Future:
-    """Runs `fn` (a request) in `pool` and waits until the model holds `expect` waiting requests,
-    so that requests wait in the order they are enqueued."""
-    future = pool.submit(fn)
-    assert wait_until(lambda: queued(server, model) >= expect or future.done(), TIMEOUT)
-    if future.done():
-        future.result()
-        pytest.fail("the request did not wait")
-    assert queued(server, model) == expect
-    return future
-
-
-def stats(server: stubhost.Server, model: str) -> dict[str, Any]:
-    return server.statistics(model)["model_stats"][0]
-
-
-def batch_counts(entry: dict[str, Any]) -> dict[int, int]:
-    return {b["batch_size"]: b["compute_infer"]["count"] for b in entry["batch_stats"]}
 
 
 def hold(pool: ThreadPoolExecutor, server: stubhost.Server, model: str, corr: int, gate: Gate) -> Future:
