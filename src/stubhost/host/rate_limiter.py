@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -55,6 +54,7 @@ from typing import Any
 from stubhost.config.model_config_pb2 import ModelRateLimiter
 from stubhost.host.errors import InferenceError
 from stubhost.host.instance import InstanceState, ModelInstance
+from stubhost.option_numbers import StoiError, stoi
 
 log = logging.getLogger("stubhost")
 
@@ -67,7 +67,6 @@ GLOBAL = -2        # Triton's GLOBAL_RESOURCE_KEY: the device key of a global re
 EVERY_DEVICE = -1  # Triton's PER_DEVICE_RESOURCE_KEY: a --rate-limit-resource without a device
 
 _IDLE, _STAGED, _GRANTED, _RUNNING, _GONE = range(5)
-_STOI = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 _RESOURCE = '"--rate-limit-resource"'
 
 Resources = Mapping[str, int] | Iterable["str | tuple[str, int] | tuple[str, int, int]"]
@@ -88,13 +87,10 @@ def parse_mode(text: str) -> str:
 
 def _stoi(text: str) -> int:
     """tritonserver's ParseOption<int> (std::stoi and its two failures)."""
-    match = _STOI.match(text)
-    if match is None:
-        raise RateLimitFlagError(f"Bad option: {_RESOURCE}. Invalid option value. Got {text}")
-    value = int(match.group(1))
-    if not -(1 << 31) <= value < 1 << 31:
-        raise RateLimitFlagError(f"Bad option: {_RESOURCE}. Provided option value is out of bound. Got {text}")
-    return value
+    try:
+        return stoi(text)
+    except StoiError as e:
+        raise RateLimitFlagError(f"Bad option: {_RESOURCE}. {e}") from None
 
 
 def parse_resource(text: str) -> tuple[str, int, int]:

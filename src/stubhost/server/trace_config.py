@@ -15,14 +15,13 @@ Triton's own trace files only.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from stubhost.host.trace import TENSORS, TIMESTAMPS
+from stubhost.option_numbers import StoiError, stoi
 
 _MODES = ("triton", "opentelemetry")
-_STOI = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 
 
 class TraceFlagError(ValueError):
@@ -43,13 +42,10 @@ class TraceConfig:
 
 def _int(text: str) -> int:
     """tritonserver's ParseOption<int>: std::stoi and its two failures."""
-    match = _STOI.match(text)
-    if match is None:
-        raise TraceFlagError(f"Invalid option value. Got {text}")
-    value = int(match.group(1))
-    if not -(1 << 31) <= value < 1 << 31:
-        raise TraceFlagError(f"Provided option value is out of bound. Got {text}")
-    return value
+    try:
+        return stoi(text)
+    except StoiError as e:
+        raise TraceFlagError(str(e)) from None
 
 
 def _level(text: str) -> int:

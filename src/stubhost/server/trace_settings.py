@@ -21,13 +21,13 @@ a request costs one attribute read.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 from stubhost.host.errors import InferenceError
 from stubhost.host.trace import LEVELS, RequestTrace, level_names
+from stubhost.option_numbers import StoiError, stoi
 from stubhost.server.trace_file import TraceFile
 
 MODE = "triton"  # the one trace mode stubhost has
@@ -36,7 +36,6 @@ MIN_TRACE_COUNT = -1
 _UINT32 = (1 << 32) - 1
 _INT32_MAX = (1 << 31) - 1
 CLEAR = object()  # a field cleared back to its fallback value
-_STOI = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")  # what C++'s std::stoi reads (the rest is ignored)
 
 
 class TraceSetting:
@@ -226,14 +225,14 @@ class TraceManager:
 def _number(name: str, text: str, protocol: str) -> int:
     """A setting's number as Triton reads it (std::stoi), with its errors; the count's lower
     bound is checked here too."""
-    match = _STOI.match(text)
-    if match is None:
-        raise InferenceError("INVALID_ARG", f"Unable to parse '{name}', got: {text}")
-    value = int(match.group(1))
-    if not -_INT32_MAX - 1 <= value <= _INT32_MAX:
+    try:
+        value = stoi(text)
+    except StoiError as e:
+        if not e.out_of_range:
+            raise InferenceError("INVALID_ARG", f"Unable to parse '{name}', got: {text}") from None
         low, high = (MIN_TRACE_COUNT, _INT32_MAX) if name == "trace_count" else (0, _UINT32)
         raise InferenceError("INVALID_ARG", f"Unable to parse '{name}', value is out of range [ {low}, {high} ], "
-                                            f"got: {text}")
+                                            f"got: {text}") from None
     if name == "trace_count":
         if value < MIN_TRACE_COUNT:
             space = " " if protocol == "grpc" else ""  # Triton's HTTP handler has no space there
