@@ -24,7 +24,7 @@ from typing import Any
 import uvicorn
 
 from stubhost.host.errors import InferenceError
-from stubhost.host.rate_limiter import EXECUTION_COUNT, RateLimitFlagError, parse_mode, parse_resource
+from stubhost.host.rate_limiter import EXECUTION_COUNT, parse_mode, parse_resource
 from stubhost.host.server import Server
 from stubhost.logs import UNESCAPED, add_log_arguments, configure_logging, flag_bool
 from stubhost.server.grpc_app import create_grpc_server
@@ -33,12 +33,12 @@ from stubhost.server.grpc_options import GrpcOptions, add_grpc_arguments, grpc_o
 from stubhost.server.http_app import DEFAULT_MAX_BODY, HttpFrontend
 from stubhost.server.http_protocol import HttpProtocol
 from stubhost.server.backend_config import parse_backend_config
-from stubhost.server.cache_config import CacheCreateError, CacheFlagError, parse_cache_settings
+from stubhost.server.cache_config import CacheCreateError, parse_cache_settings
 from stubhost.server.metrics import MetricsApp
-from stubhost.server.metrics_config import MetricsFlagError, parse_metrics_config
+from stubhost.server.metrics_config import parse_metrics_config
 from stubhost.server.restricted import Restrictions
 from stubhost.server.service import InferenceService
-from stubhost.server.trace_config import TraceFlagError, parse_trace_config
+from stubhost.server.trace_config import parse_trace_config
 from stubhost.server.trace_settings import TraceManager
 
 log = logging.getLogger("stubhost")
@@ -273,45 +273,31 @@ def serve(args: argparse.Namespace) -> int:
     if args.model_load_retry_count < 0:
         print("error: --model-load-retry-count must be at least 0", file=sys.stderr)
         return 2
+    # Every flag value is read before anything logs or starts: the first bad one ends start-up
+    # (a usage error, 2), as tritonserver's option parser does.
     try:
         backend = parse_backend_config(args.backend_config)
-    except ValueError as e:
+        cache = parse_cache_settings(args.cache_config, args.response_cache_byte_size)
+        trace = parse_trace_config(args.trace_config, trace_file=args.trace_file, trace_level=args.trace_level,
+                                   trace_rate=args.trace_rate, trace_count=args.trace_count,
+                                   trace_log_frequency=args.trace_log_frequency)
+        metrics_config = parse_metrics_config(args.metrics_config)
+        rate_limit = parse_mode(args.rate_limit)
+        resources = [parse_resource(value) for value in args.rate_limit_resource]
+    except CacheCreateError as e:
+        print(f"error: creating server: Invalid argument - {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # every flag reader's error (CacheFlagError, TraceFlagError, ...) is one
         print(f"error: {e}", file=sys.stderr)
         return 2
     for line in backend.report:
         log.info("%s", line)
-    try:
-        cache = parse_cache_settings(args.cache_config, args.response_cache_byte_size)
-    except CacheFlagError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except CacheCreateError as e:
-        print(f"error: creating server: Invalid argument - {e}", file=sys.stderr)
-        return 1
     for line in cache.report:  # the size in force at INFO, flags that do less than asked at WARNING
         log.log(logging.INFO if line.startswith("Response Cache") else logging.WARNING, "%s", line)
-    try:
-        trace = parse_trace_config(args.trace_config, trace_file=args.trace_file, trace_level=args.trace_level,
-                                   trace_rate=args.trace_rate, trace_count=args.trace_count,
-                                   trace_log_frequency=args.trace_log_frequency)
-    except TraceFlagError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     for line in trace.report:
         log.warning("%s", line)
-    try:
-        metrics_config = parse_metrics_config(args.metrics_config)
-    except MetricsFlagError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     for level, line in metrics_config.report:
         log.log(logging.ERROR if level == "ERROR" else logging.WARNING, "%s", line)
-    try:
-        rate_limit = parse_mode(args.rate_limit)
-        resources = [parse_resource(value) for value in args.rate_limit_resource]
-    except RateLimitFlagError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     if rate_limit == EXECUTION_COUNT:
         log.info("Rate limit mode: EXEC_COUNT; resources given: %s",
                  ", ".join(f"{n}:{c}" + ("" if d < 0 else f":{d}") for n, c, d in resources) or "none")
