@@ -985,16 +985,26 @@ def test_crash_without_restart_fails_the_queued_requests(tmp_path: Path) -> None
     write_model(repo, "crashy", PROBE_PY, CRASHY_CONFIG)
     gate = Gate(tmp_path)
     with stubhost.Server(repo, restart=False) as server:
-        try:
-            with ThreadPoolExecutor(4) as pool:
-                doomed = pool.submit(call, server, "crashy", 1, parameters=gate.params(exit=3))
-                gate.wait_started()
-                waiting = [enqueue(pool, server, "crashy", lambda: call(server, "crashy", 1), k) for k in (1, 2)]
-                gate.open()
-                for f in [doomed, *waiting]:  # no instance will ever run them: they fail, none hangs
-                    with pytest.raises(InferenceError) as err:
-                        f.result(TIMEOUT)
-                    assert re.search(r"Stub process '[^']*' is not healthy\.", str(err.value)), str(err.value)
-        finally:
+        assert_waiting_fail_with_their_instance(server, "crashy", gate,
+                                                lambda: call(server, "crashy", 1, parameters=gate.params(exit=3)),
+                                                [lambda: call(server, "crashy", 1)] * 2)
+
+
+def assert_waiting_fail_with_their_instance(server: stubhost.Server, model: str, gate: Gate,
+                                            doomed: Callable[[], Any], waiting: list[Callable[[], Any]]) -> None:
+    """Runs `doomed` (a request whose execute waits for `gate`, then kills its stub), queues
+    `waiting` behind it in order, opens the gate: with no restart, every one of them fails with
+    Triton's "not healthy" text, none hangs, and the queue is left empty."""
+    try:
+        with ThreadPoolExecutor(len(waiting) + 1) as pool:
+            futures = [pool.submit(doomed)]
+            gate.wait_started()
+            futures += [enqueue(pool, server, model, fn, k) for k, fn in enumerate(waiting, 1)]
             gate.open()
-        assert queued(server, "crashy") == 0
+            for f in futures:  # no instance will ever run them
+                with pytest.raises(InferenceError) as err:
+                    f.result(TIMEOUT)
+                assert re.search(r"Stub process '[^']*' is not healthy\.", str(err.value)), str(err.value)
+    finally:
+        gate.open()
+    assert queued(server, model) == 0

@@ -32,7 +32,15 @@ import pytest
 import stubhost
 from stubhost import InferenceError
 from tests.host.repo_factory import config_pbtxt, io, wait_until, write_model
-from tests.host.test_scheduler import GATED_HEAD, Gate, batch_counts, enqueue, queued, stats
+from tests.host.test_scheduler import (
+    GATED_HEAD,
+    Gate,
+    assert_waiting_fail_with_their_instance,
+    batch_counts,
+    enqueue,
+    queued,
+    stats,
+)
 
 TIMEOUT = 30.0
 START, END = 1, 2
@@ -510,20 +518,9 @@ def test_without_restarts_the_waiting_requests_fail(tmp_path: Path, max_batch: i
     write_model(repo, "crashy", SEQ_PY, seq_config("crashy", max_batch=max_batch))
     gate = Gate(tmp_path)
     with stubhost.Server(repo, restart=False) as server:
-        try:
-            with ThreadPoolExecutor(4) as pool:
-                doomed = pool.submit(send, server, "crashy", 1, START, parameters=gate.params(exit=3))
-                gate.wait_started()
-                waiting = [enqueue(pool, server, "crashy", lambda: send(server, "crashy", 1), 1),
-                           enqueue(pool, server, "crashy", lambda: send(server, "crashy", 2, START), 2)]
-                gate.open()
-                for f in [doomed, *waiting]:  # none hangs: no instance will ever run them
-                    with pytest.raises(InferenceError) as err:
-                        f.result(TIMEOUT)
-                    assert re.search(r"Stub process '[^']*' is not healthy\.", str(err.value)), str(err.value)
-        finally:
-            gate.open()
-        assert queued(server, "crashy") == 0
+        assert_waiting_fail_with_their_instance(
+            server, "crashy", gate, lambda: send(server, "crashy", 1, START, parameters=gate.params(exit=3)),
+            [lambda: send(server, "crashy", 1), lambda: send(server, "crashy", 2, START)])
 
 
 @pytest.mark.parametrize("max_batch", [1, 0])
