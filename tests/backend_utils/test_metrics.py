@@ -44,15 +44,16 @@ def ops(sink: Sink) -> list[str]:
     return [m["op"] for m in sink.sent]
 
 
-def test_a_family_is_a_round_trip_and_its_deletion_lets_go_of_it(sink: Sink) -> None:
+def test_a_family_and_a_metric_are_round_trips_and_the_familys_deletion_lets_go_of_it(sink: Sink) -> None:
     family = MetricFamily("x_total", "help", MetricFamily.COUNTER)
     family_id = sink.asked[0]["id"]
     assert sink.asked == [{"op": "family", "id": family_id, "name": "x_total", "description": "help",
                            "kind": "counter"}]
     metric = family.Metric(labels={"k": "v"})
+    assert sink.asked[1] == {"op": "metric", "family": family_id, "labels": {"k": "v"}, "buckets": []}
     metric.increment(2)
     del metric  # Triton's family keeps its metrics: nothing is sent
-    assert ops(sink) == ["metric", "add"]
+    assert ops(sink) == ["add"]
     del family
     gc.collect()
     assert sink.sent[-1] == {"op": "drop", "family": family_id}
@@ -67,7 +68,7 @@ def test_a_metric_does_not_keep_its_family_and_then_raises_tritons_error(sink: S
         with pytest.raises(TritonModelException) as e:
             call()
         assert str(e.value) == f"Failed to {action} metric value: {FAMILY_DELETED}"
-    assert ops(sink) == ["metric", "drop"]
+    assert ops(sink) == ["drop"]
 
 
 def test_a_refused_family_raises_tritons_wording_and_lets_nothing_go(sink: Sink) -> None:
@@ -77,6 +78,13 @@ def test_a_refused_family_raises_tritons_wording_and_lets_nothing_go(sink: Sink)
         MetricFamily("taken", "help", MetricFamily.GAUGE)
     gc.collect()
     assert sink.sent == []
+
+
+def test_a_refused_metric_raises_tritons_wording(sink: Sink) -> None:
+    family = MetricFamily("h", "help", MetricFamily.GAUGE)
+    sink.refuse = "unknown metric family id 7"
+    with pytest.raises(TritonModelException, match="^Error when creating Metric: unknown metric family id 7$"):
+        family.Metric(labels={"k": "v"})
 
 
 def test_value_refused_by_the_server_is_worded_as_triton_words_it(sink: Sink) -> None:
@@ -93,7 +101,7 @@ def test_value_refused_by_the_server_is_worded_as_triton_words_it(sink: Sink) ->
 def test_histogram_buckets_as_triton_takes_them(sink: Sink) -> None:
     family = MetricFamily("h", "help", MetricFamily.HISTOGRAM)
     family.Metric(buckets=[])  # only +Inf, as in Triton
-    assert sink.sent[-1]["buckets"] == []
+    assert sink.asked[-1]["buckets"] == []
     for buckets, text in ((None, "Missing required buckets"), ([1.0, float("inf")], "finite"),
                           ([2.0, 1.0], "increasing"), ([1.0, 1.0], "increasing")):
         with pytest.raises(TritonModelException, match=text):

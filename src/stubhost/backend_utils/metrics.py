@@ -138,7 +138,9 @@ class Metric:
         self._family = weakref.ref(family)  # as in Triton, a Metric does not keep its family alive
         self._kind = family._kind
         self._key = {"family": family._id, "labels": labels}
-        _sink.metric({"op": "metric", **self._key, "buckets": bounds})
+        # A round trip, as in Triton: once made, the metric is on the metrics endpoint (a model that
+        # makes its metrics in initialize has them there by the time the instance is ready).
+        _ask({"op": "metric", **self._key, "buckets": bounds}, "Error when creating Metric")
 
     def _check_family(self, action: str) -> None:
         """Triton's error for a metric whose family was deleted (checked before anything else)."""

@@ -159,8 +159,8 @@ class CustomMetrics:
 
     def apply(self, owner: MetricOwner, update: Any) -> float | None:
         """Applies one message from `owner`'s stub (``op``: family, metric, add, set, observe,
-        value, drop); returns the value for ``value`` (0.0 for ``family``, which its stub waits
-        for). Raises ValueError (TypeError for a malformed one), with the reason, for a message
+        value, drop); returns the value for ``value`` (0.0 for ``family`` and ``metric``, which
+        its stub waits for). Raises ValueError (TypeError for a malformed one), with the reason, for a message
         that cannot apply."""
         if not isinstance(update, dict):
             raise TypeError("malformed metric update")
@@ -184,7 +184,7 @@ class CustomMetrics:
             if op == "metric":
                 self._purge()  # a dead stub's series must not lend its value to a new metric
                 self._hold(family, handle, key, _buckets(update, family.kind))
-                return None
+                return 0.0
             if key not in handle.keys:
                 raise ValueError(f"unknown metric {dict(key)} of family '{handle.family}'")
             return _update(family.kind, family.series[key], op, update)
