@@ -484,6 +484,110 @@ def test_a_waiting_request_whose_caller_gives_up_never_runs(server: stubhost.Ser
     send(server, "small", 1002, END)
 
 
+def later(server: stubhost.Server, model: str, corr: int, value: float, flags: int = 0,
+          **kw: Any) -> asyncio.Future:
+    """A request of sequence `corr` as a task of the running loop (started at the next await)."""
+    shape = (1, 1) if server._models[model].config.max_batch_size else (1,)
+    return asyncio.ensure_future(server.infer_response_async(
+        model, {"X": np.full(shape, value, np.float32)}, correlation_id=corr, flags=flags, timeout=TIMEOUT, **kw))
+
+
+async def until_queued(server: stubhost.Server, model: str, count: int) -> None:
+    assert await asyncio.get_running_loop().run_in_executor(
+        None, wait_until, lambda: queued(server, model) == count, TIMEOUT)
+
+
+def test_a_cancelled_waiting_request_ends_its_sequence_and_cancels_the_ones_after_it(server: stubhost.Server,
+                                                                                      tmp_path: Path) -> None:
+    send(server, "small", 1901, START, 1.0)
+    send(server, "small", 1902, START, 1.0)
+    failed_before = stats(server, "small")["inference_stats"]["fail"]["count"]
+
+    async def main(gate: Gate) -> list[list[float]]:
+        held = later(server, "small", 1901, 2.0, parameters=gate.params())
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait_started)
+        ahead = later(server, "small", 1901, 3.0)
+        await until_queued(server, "small", 1)
+        cancelled = later(server, "small", 1901, 4.0)
+        await until_queued(server, "small", 2)
+        behind = [later(server, "small", 1901, 5.0), later(server, "small", 1901, 6.0, END)]
+        await until_queued(server, "small", 4)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        for task in behind:  # the requests after it go with it, as in Triton
+            with pytest.raises(InferenceError) as err:
+                await task
+            assert err.value.code == "CANCELLED"
+            assert "another request of the sequence was cancelled" in str(err.value)
+        assert queued(server, "small") == 1  # the one before it still runs
+        gate.open()
+        return [read((await task).outputs)["seen"] for task in (held, ahead)]
+
+    with Gate(tmp_path) as gate:
+        assert asyncio.run(main(gate)) == [[1.0, 2.0], [1.0, 2.0, 3.0]]
+    after = stats(server, "small")["inference_stats"]
+    assert after["fail"]["count"] == failed_before + 3  # the cancelled one counts too (reason CANCELED)
+    with pytest.raises(InferenceError, match="must specify the START flag"):
+        send(server, "small", 1901)  # the sequence is over
+    # its slot is free: a new sequence runs at once instead of waiting in the backlog
+    assert send(server, "small", 1903, START | END, 7.0)["seen"] == [7.0]
+    assert send(server, "small", 1902, END, 8.0)["seen"] == [1.0, 8.0]  # the other sequence never noticed
+
+
+def test_a_cancelled_request_of_a_backlogged_sequence_cancels_the_whole_sequence(server: stubhost.Server) -> None:
+    send(server, "unbatched", 1911, START, 1.0)  # holds the only slot
+
+    async def main() -> None:
+        first = later(server, "unbatched", 1912, 2.0, START)
+        await until_queued(server, "unbatched", 1)
+        cancelled = later(server, "unbatched", 1912, 3.0)
+        await until_queued(server, "unbatched", 2)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        with pytest.raises(InferenceError) as err:
+            await first  # before it, but in the backlog: the whole sequence goes, as in Triton
+        assert err.value.code == "CANCELLED"
+        assert queued(server, "unbatched") == 0
+
+    asyncio.run(main())
+    with pytest.raises(InferenceError, match="must specify the START flag"):
+        send(server, "unbatched", 1912)
+    assert send(server, "unbatched", 1911, END, 4.0)["seen"] == [1.0, 4.0]
+    assert send(server, "unbatched", 1913, START | END, 5.0)["seen"] == [5.0]
+
+
+def test_a_backlogged_sequence_is_rejected_when_its_requests_timeout_runs_out(server: stubhost.Server) -> None:
+    send(server, "unbatched", 1921, START, 1.0)  # holds the only slot
+    rejected_before = stats(server, "unbatched")["inference_stats"]["fail"]["count"]
+
+    async def main() -> float:
+        begin = time.monotonic()
+        first = later(server, "unbatched", 1922, 2.0, START, request_timeout_us=300_000)
+        await until_queued(server, "unbatched", 1)
+        follower = later(server, "unbatched", 1922, 3.0)  # no timeout of its own: it goes with its sequence
+        for task in (first, follower):
+            with pytest.raises(InferenceError) as err:
+                await task
+            assert err.value.code == "UNAVAILABLE"
+            assert str(err.value).endswith("timeout of the corresponding sequence has been expired")
+        return time.monotonic() - begin
+
+    assert 0.25 <= asyncio.run(main()) < TIMEOUT
+    assert queued(server, "unbatched") == 0
+    assert stats(server, "unbatched")["inference_stats"]["fail"]["count"] == rejected_before + 2
+    with pytest.raises(InferenceError, match="must specify the START flag"):
+        send(server, "unbatched", 1922)
+    # a sequence that holds a slot never expires: 1921 goes on; its own timeout is no queue timeout
+    assert send(server, "unbatched", 1921, 0, 4.0)["seen"] == [1.0, 4.0]
+
+    async def end() -> Any:
+        return await later(server, "unbatched", 1921, 5.0, END, request_timeout_us=1)
+
+    assert read(asyncio.run(end()).outputs)["seen"] == [1.0, 4.0, 5.0]
+
+
 def test_errors_use_tritons_words(server: stubhost.Server) -> None:
     with pytest.raises(InferenceError) as err:
         send(server, "direct", 1101)

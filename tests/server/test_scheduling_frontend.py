@@ -504,6 +504,66 @@ def test_sequence_errors_use_tritons_words(server: ServeProcess, protocol: str):
         client.close()
 
 
+def hold_both_slots(client: Any, protocol: str, base: int) -> None:
+    """Opens sequences base+1 and base+2: each of ``seq``'s two instances has one slot, so a
+    third sequence waits in the backlog."""
+    for cid in (base + 1, base + 2):
+        client.infer("seq", [x_input(protocol)], sequence_id=cid, sequence_start=True)
+
+
+def end_both(client: Any, protocol: str, base: int) -> None:
+    """Ends what hold_both_slots opened; each sequence ran both of its requests (4 + 4)."""
+    for cid in (base + 1, base + 2):
+        assert scalar(client.infer("seq", [x_input(protocol)], sequence_id=cid, sequence_end=True), "ACC") == 8.0
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_backlogged_sequence_expires_with_the_clients_timeout(server: ServeProcess, protocol: str, quiet_log):
+    """The client's ``timeout`` (µs, the request's "timeout" parameter) bounds a sequence's wait
+    in the backlog, as in Triton: the sequence is rejected and over; the ones in slots go on."""
+    client = open_client(server, protocol)
+    base = 7100 if protocol == "http" else 7200
+    try:
+        hold_both_slots(client, protocol, base)
+        begin = time.monotonic()
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("seq", [x_input(protocol)], sequence_id=base + 3, sequence_start=True, timeout=300_000)
+        assert time.monotonic() - begin >= 0.25
+        assert "timeout of the corresponding sequence has been expired" in err.value.message()
+        assert err.value.status() == ("StatusCode.UNAVAILABLE" if protocol == "grpc" else "503")
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("seq", [x_input(protocol)], sequence_id=base + 3)
+        assert "must specify the START flag" in err.value.message()
+        end_both(client, protocol, base)
+    finally:
+        client.close()
+
+
+def test_a_grpc_cancel_of_a_backlogged_request_ends_its_sequence(server: ServeProcess, quiet_log):
+    """A cancelled request cancels its sequence, as in Triton. The probe that follows the cancel
+    either comes after it (refused: the sequence is over) or joins the backlog just before it
+    (cancelled with it); without the rule it would wait in the backlog for a slot."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    base = 7300
+    try:
+        hold_both_slots(client, "grpc", base)
+        box: queue.Queue = queue.Queue()
+        call = client.async_infer("seq", [x_input("grpc")], lambda result, error: box.put((result, error)),
+                                  sequence_id=base + 3, sequence_start=True, client_timeout=TIMEOUT)
+        time.sleep(0.2)  # (it reaches the backlog, or the cancel finds it on its way: either is a cancel)
+        call.cancel()
+        result, error = box.get(timeout=TIMEOUT)
+        assert result is None and "CANCELLED" in str(error.status()), error
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("seq", [x_input("grpc")], sequence_id=base + 3, client_timeout=10.0)
+        message = err.value.message()
+        assert ("must specify the START flag" in message
+                or "another request of the sequence was cancelled" in message), message
+        end_both(client, "grpc", base)
+    finally:
+        client.close()
+
+
 # ---- priorities -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_higher_priority_runs_before_queued_lower_priority(server: ServeProcess, tmp_path: Path, protocol: str,

@@ -39,7 +39,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 from stubhost import _core
 from stubhost._core import Command, IPCMessage
@@ -52,7 +52,8 @@ from stubhost.host.rate_limiter import ModelLimits
 from stubhost.host.stats import BACKEND, CANCELED, OTHER, REJECTED
 from stubhost.host.streams import ResponseStream
 from stubhost.host.stub_process import StubProcess
-from stubhost.host.tickets import ABANDONED, DISPATCHED, QUEUED, SETTLED, EqualInputs, Level, QueuePolicy, Ticket
+from stubhost.host.tickets import (ABANDONED, DISPATCHED, QUEUED, SETTLED, EqualInputs, Flight, Level, QueuePolicy,
+                                   Ticket)
 
 log = logging.getLogger("stubhost")
 
@@ -60,6 +61,8 @@ RESTART_POLL_S = 0.05  # how often queued requests look for an instance that cam
 
 class Scheduler:
     """The queue and the dispatcher of one model version's instances."""
+
+    EXPIRED = "Request timeout expired"  # the error of a request whose queue timeout ran out
 
     def __init__(self, model_name: str, version: int, instances: list[ModelInstance], config: ModelConfig,
                  decoupled: bool, limits: ModelLimits | None = None) -> None:
@@ -93,7 +96,7 @@ class Scheduler:
         self.limits = limits.bind(instances, functools.partial(self._release, None)) if limits is not None else None
 
     # ---- the callers' side -----------------------------------------------------------------------
-    def submit(self, ticket: Ticket, own: bool = False, linger: float = 0.0) -> _Flight | None:
+    def submit(self, ticket: Ticket, own: bool = False, linger: float = 0.0) -> Flight | None:
         """Queues a request (its ``wake`` set already) and dispatches what can go now. Raises
         InferenceError UNAVAILABLE when its level's queue is full or the model is unloading.
 
@@ -140,18 +143,21 @@ class Scheduler:
         ticket.wake = settled
         self.submit(ticket, linger=linger)
 
-    def withdraw(self, ticket: Ticket, keep_settled: bool = False) -> int:
-        """The caller gave up on a request (it timed out or was cancelled); returns the state it
-        was in. A QUEUED one never runs; otherwise its outcome, when it comes, is dropped, and a
-        request already running is seen as cancelled by the model. With `keep_settled`, a request
-        whose outcome is in already is left as it is."""
+    def withdraw(self, ticket: Ticket, keep_settled: bool = False, cancelled: bool = False) -> int:
+        """The caller gave up on a request (it timed out, or was `cancelled`); returns the state it
+        was in. A QUEUED one never runs (if cancelled, it may take others along: ``_remove``);
+        otherwise its outcome, when it comes, is dropped, and a request already running is seen as
+        cancelled by the model. With `keep_settled`, a settled request is left as it is."""
+        dropped: list[tuple[Ticket, InferenceError]] = []
         with self._lock:
             state = ticket.state
             if state == ABANDONED or (state == SETTLED and keep_settled):
                 return state
             ticket.state = ABANDONED
             if state == QUEUED:
-                self._remove(ticket)
+                dropped = self._remove(ticket, cancelled)
+        for other, error in dropped:
+            self._settle(other, error, CANCELED)
         if state == DISPATCHED and ticket.process is not None and ticket.record:
             ticket.process.cancel(ticket.record, ticket.serial)
         elif state == SETTLED:
@@ -209,11 +215,9 @@ class Scheduler:
         in order (default: the queue), `since`: when the delay started (default: the oldest's queuing)."""
         if not self.batching or self.max_batch_size == 0:
             return 1
-        total = count = best = 0
-        oldest = 0
-        full = False
+        total = count = best = oldest = 0
+        full, key = False, None
         check = self.equal_inputs is not None
-        key = None
         for ticket in self._ordered() if tickets is None else tickets:
             if not count:
                 key = ticket.batch_key  # the first request fixes the batch's shapes
@@ -239,7 +243,7 @@ class Scheduler:
         return 0
 
     def _send(self, batches: list[tuple[ModelInstance, list[Ticket]]], own: Ticket | None = None,
-              lingering: Ticket | None = None, linger: float = 0.0) -> _Flight | None:
+              lingering: Ticket | None = None, linger: float = 0.0) -> Flight | None:
         flight = None
         for index, (instance, batch) in enumerate(batches):
             waited = own is not None and not self.decoupled and any(t is own for t in batch)
@@ -251,7 +255,7 @@ class Scheduler:
         return flight
 
     def _dispatch(self, instance: ModelInstance, batch: list[Ticket], waited: bool = False,
-                  linger: float = 0.0) -> _Flight | None:
+                  linger: float = 0.0) -> Flight | None:
         """Writes a batch into its instance's pool as one chain and sends its Execute; with
         `waited`, without a completion callback, returning what the caller needs to wait; with
         `linger`, waiting that long for a quick reply (see StubProcess.submit)."""
@@ -303,7 +307,7 @@ class Scheduler:
         if streams is not None:  # the caller reads a decoupled request's responses as they come
             for ticket, (record, stream) in zip(live, streams):
                 self._settle(ticket, RequestStream(instance, process, record, stream, sent))
-        return _Flight(instance, process, live, message) if waited else None
+        return Flight(instance, process, live, message) if waited else None
 
     def _executed(self, instance: ModelInstance, process: StubProcess, batch: list[Ticket],
                   streams: list[tuple[int, ResponseStream]] | None, message: IPCMessage) -> None:
@@ -373,18 +377,17 @@ class Scheduler:
             ready.append(order.popleft())
         return ready
 
-    def _remove(self, ticket: Ticket) -> None:
-        """Takes a queued request out of its queue (lock held)."""
+    def _remove(self, ticket: Ticket, cancelled: bool = False) -> list[tuple[Ticket, InferenceError]]:
+        """Takes a queued request out of its queue; returns the queued requests its cancellation
+        took out along with it, with their errors (none here; lock held)."""
         for level in self.levels:
             for queue in (level.queue, level.delayed):
-                try:
+                if ticket in queue:
                     queue.remove(ticket)
-                except ValueError:
-                    continue
-                self._queued -= 1
-                if self.preserve_ordering:
-                    ticket.ordered = True
-                return
+                    self._queued -= 1
+                    ticket.ordered = ticket.ordered or self.preserve_ordering
+                    return []
+        return []
 
     @staticmethod
     def _drop(ticket: Ticket) -> None:
@@ -433,11 +436,11 @@ class Scheduler:
                 if self._stopped:
                     return
                 now = time.monotonic_ns()
-                expired = self._expire(now) if self.timeouts else []
+                expired = self._expire(now)
                 failed = self._fail_if_down()
                 batches = self._take_batches(now)
             for ticket in expired:
-                self._settle(ticket, InferenceError("UNAVAILABLE", "Request timeout expired"), REJECTED)
+                self._settle(ticket, InferenceError("UNAVAILABLE", self.EXPIRED), REJECTED)
             for ticket in failed:
                 self._settle(ticket, InferenceError("UNAVAILABLE", f"Stub process "
                                                                    f"'{(ticket.instance or self.instances[0]).name}' "
@@ -447,7 +450,9 @@ class Scheduler:
     def _expire(self, now: int) -> list[Ticket]:
         """Queued requests whose queue timeout ran out: rejected ones are returned (their
         outcome is for the caller to set), delayed ones move behind their level (lock held)."""
-        rejected = []
+        rejected: list[Ticket] = []
+        if not self.timeouts:
+            return rejected
         for level in self.levels:
             queue = level.queue
             if not any(t.deadline and t.deadline <= now for t in queue):
@@ -531,7 +536,7 @@ class Scheduler:
         except asyncio.TimeoutError:
             self._gave_up(ticket, timeout)
         except asyncio.CancelledError:
-            self.withdraw(ticket)
+            self.withdraw(ticket, cancelled=True)
             raise
         outcome = ticket.outcome
         if isinstance(outcome, ResponseStream):
@@ -540,7 +545,7 @@ class Scheduler:
                                                             timeout, deadline)
         return self._result(outcome)
 
-    def _wait_flight(self, flight: _Flight, ticket: Ticket, timeout: float | None) -> None:
+    def _wait_flight(self, flight: Flight, ticket: Ticket, timeout: float | None) -> None:
         """Waits for the reply of a batch this thread sent and settles the batch. When `timeout`
         runs out first, the timeout error is raised: a batch that ran that long means a hung
         instance, replaced (so the reply comes, as a failure); else the completion thread
@@ -550,7 +555,7 @@ class Scheduler:
             self._executed(instance, process, flight.batch, None, message)
             return
         self.withdraw(ticket)
-        running = _running_for(ticket)
+        running = ticket.running_for()
         if timeout is not None and running + START_SLACK_S >= timeout:
             instance.mark_hung()
             process.wait(message, None)  # the dead stub's messages are failed at once
@@ -572,7 +577,7 @@ class Scheduler:
             return  # it came in just now
         instance, message = ticket.instance, ticket.message
         if state == DISPATCHED and instance is not None and message is not None and ticket.process is instance.process:
-            instance.judge_overrun(ticket.process, message, _running_for(ticket), timeout)
+            instance.judge_overrun(ticket.process, message, ticket.running_for(), timeout)
         ticket.failure = CANCELED  # its caller gave up on it
         raise InferenceError("UNAVAILABLE", f"Request timeout expired: model '{self.model_name}' did not answer "
                                             f"within {timeout} s")
@@ -582,19 +587,4 @@ class Scheduler:
         if isinstance(outcome, InferenceError):
             raise outcome
         return outcome
-
-
-def _running_for(ticket: Ticket) -> float:
-    """Seconds the batch of a dispatched request has run: from its send, since an instance
-    takes a batch only when it has answered the one before."""
-    return (time.monotonic_ns() - ticket.sent) / 1e9
-
-
-class _Flight(NamedTuple):
-    """A batch whose sender waits for its reply itself."""
-
-    instance: ModelInstance
-    process: StubProcess
-    batch: list[Ticket]
-    message: IPCMessage
 

@@ -30,6 +30,10 @@ only once it is admitted, and gives its resources back when its batch waits for 
   request, oldest first (oldest: the instant it could run, its previous request's batch over),
   with ``preferred_batch_size``, ``max_queue_delay_microseconds`` (counted from that instant)
   and ``max_batch_size`` (scheduler.Scheduler._batch_count).
+- **Cancellation and expiry**, Triton's rules: a cancelled waiting request ends its sequence (the
+  requests queued after it are cancelled too; in the backlog, all of the sequence's), and a
+  backlogged sequence is rejected once the earliest of its requests' own ``timeout`` ran out.
+  A caller's in-process timeout only withdraws its own request.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from stubhost.config import ModelConfig
+from stubhost.host.errors import InferenceError
 from stubhost.host.instance import InstanceState, ModelInstance
 from stubhost.host.rate_limiter import ModelLimits
 from stubhost.host.scheduler import RESTART_POLL_S, Scheduler
@@ -54,6 +59,7 @@ from stubhost.host.sequences import (
     FLAG_SEQUENCE_START,
     no_correlation_id,
     not_started,
+    sequence_cancelled,
 )
 from stubhost.host.stats import OTHER
 from stubhost.host.tickets import ABANDONED, DISPATCHED, Level, Ticket
@@ -67,7 +73,7 @@ _RESTART_POLL_NS = int(RESTART_POLL_S * 1e9)
 class _Slot:
     """A batch slot of an instance, or (``instance`` None) a sequence waiting in the backlog."""
 
-    __slots__ = ("instance", "index", "key", "queue", "last", "closing", "running", "since")
+    __slots__ = ("instance", "index", "key", "queue", "last", "closing", "running", "since", "expires")
 
     def __init__(self, instance: ModelInstance | None, index: int) -> None:
         self.instance = instance
@@ -78,10 +84,13 @@ class _Slot:
         self.closing = False        # the sequence ended (END, idle): the slot frees once its queue is empty
         self.running = False        # a request of it is in the instance's batch in flight
         self.since = 0              # ns: since when its next request can run (oldest: its place in line)
+        self.expires = 0            # ns: a backlogged sequence's requests are rejected then (0: never)
 
 
 class SequenceScheduler(Scheduler):
     """The sequence batcher of one version of a sequence model (see the module's text)."""
+
+    EXPIRED = "timeout of the corresponding sequence has been expired"  # Triton's, for a backlogged sequence
 
     def __init__(self, model_name: str, version: int, instances: list[ModelInstance], config: ModelConfig,
                  decoupled: bool, controls: SequenceControls | None, limits: ModelLimits | None = None) -> None:
@@ -135,6 +144,9 @@ class SequenceScheduler(Scheduler):
             raise not_started(self.model_name, key)
         slot.queue.append(ticket)
         slot.last = now
+        if slot.instance is None and ticket.timeout_us:  # Triton: the backlog expires at its first deadline
+            deadline = now + ticket.timeout_us * 1000
+            slot.expires = min(slot.expires or deadline, deadline)
         if flags & FLAG_SEQUENCE_END:
             slot.closing = True
             del self._sequences[key]
@@ -236,6 +248,8 @@ class SequenceScheduler(Scheduler):
                 idle = [slot.last + self.idle_ns + 1 for slots in self._slots.values() for slot in slots
                         if slot.key is not None and not slot.closing]
                 wake = min([*idle, *([] if wake is None else [wake])], default=None)
+            expiring = [waiting.expires for waiting in self._backlog if waiting.expires]
+            wake = min([*expiring, *([] if wake is None else [wake])], default=None)
         self._wake_at = wake
         if wake is not None:
             self._wake_timer()
@@ -300,15 +314,28 @@ class SequenceScheduler(Scheduler):
         return filler
 
     # ---- the rest of the queue's hooks (lock held) ---------------------------------------------------
-    def _remove(self, ticket: Ticket) -> None:
+    def _remove(self, ticket: Ticket, cancelled: bool = False) -> list[tuple[Ticket, InferenceError]]:
         """A waiting request whose caller gave up leaves its slot (or the backlog); if it was its
-        sequence's END, the slot frees once the requests before it have gone."""
+        sequence's END, the slot frees once the requests before it have gone. A `cancelled` one
+        ends its sequence, as in Triton: the requests of the sequence queued after it (in the
+        backlog: all of them) are cancelled with it, and the slot frees once those before it ran."""
         now = time.monotonic_ns()
         for slot in self._every_slot():
             if ticket not in slot.queue:
                 continue
-            slot.queue.remove(ticket)
-            self._queued -= 1
+            dropped: list[tuple[Ticket, InferenceError]] = []
+            if cancelled:
+                waiting = list(slot.queue)
+                cut = 0 if slot.instance is None else waiting.index(ticket)
+                error = sequence_cancelled(self.model_name, ticket.correlation_id)
+                dropped = [(other, error) for other in waiting[cut:] if other is not ticket]
+                slot.queue = deque(waiting[:cut])
+                if self._sequences.get(slot.key) is slot:
+                    del self._sequences[slot.key]  # its later requests need a START, as in Triton
+                slot.closing = True
+            else:
+                slot.queue.remove(ticket)
+            self._queued -= 1 + len(dropped)
             if slot.closing and not slot.queue:
                 if slot.instance is None:
                     self._backlog.remove(slot)
@@ -316,7 +343,22 @@ class SequenceScheduler(Scheduler):
                     self._vacate(slot, now)
             self._wake_at = now  # a slot may have gone to the backlog: look again
             self._wake_timer()
-            return
+            return dropped
+        return []
+
+    def _expire(self, now: int) -> list[Ticket]:
+        """The backlogged sequences whose deadline passed (the first of their requests' own
+        ``timeout``, as Triton counts it) leave the backlog; their requests are returned, to be
+        rejected (a sequence that holds a slot never expires)."""
+        rejected: list[Ticket] = []
+        for waiting in [w for w in self._backlog if w.expires and w.expires <= now]:
+            self._backlog.remove(waiting)
+            if self._sequences.get(waiting.key) is waiting:
+                del self._sequences[waiting.key]  # its later requests need a START, as in Triton
+            rejected.extend(waiting.queue)
+            waiting.queue.clear()
+        self._queued -= len(rejected)
+        return rejected
 
     def _next_wake(self, now: int) -> float | None:
         return None if self._wake_at is None else max(self._wake_at - now, 0) / 1e9

@@ -25,3 +25,10 @@ def not_started(model_name: str, correlation_id: int | str) -> InferenceError:
     """Triton's error for a request that continues a sequence that is not open."""
     return InferenceError("INVALID_ARG", f"inference request for sequence {correlation_id} to model '{model_name}' "
                                          "must specify the START flag on the first request of the sequence")
+
+
+def sequence_cancelled(model_name: str, correlation_id: int | str) -> InferenceError:
+    """The error of the waiting requests that a cancelled request of their sequence takes along
+    (Triton's code; Triton gives no text)."""
+    return InferenceError("CANCELLED", f"request for sequence {correlation_id} to model '{model_name}' cancelled: "
+                                       "another request of the sequence was cancelled")

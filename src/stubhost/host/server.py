@@ -436,7 +436,8 @@ class Server:
                                    request_timeout_us: int | None = None, trace: Any = None) -> InferResponse:
         """``infer_response`` for asyncio callers. ``request_timeout_us`` (a client's request
         ``timeout`` parameter) is shown to the model as ``request.timeout()`` and, in a model
-        whose queue policy allows it, bounds the request's wait in the queue: unlike ``timeout``
+        whose queue policy allows it, bounds the request's wait in the queue (a sequence model's:
+        its sequence's wait in the backlog): unlike ``timeout``
         it never ends a request that is executing nor marks the instance hung. ``trace`` (a
         host.trace.RequestTrace, or None) gets the request's timestamps."""
         model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)

@@ -6,9 +6,10 @@ moves tickets through these states; this module holds no threads."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from stubhost._core import IPCMessage
 from stubhost.config import ModelConfig
@@ -142,3 +143,17 @@ class Ticket:
         """The instant that splits the request's time before its batch ran into compute_input
         (checking the request, writing it to the pool) and queue (everything else)."""
         return self.begin + max(self.enqueued - self.begin, 0) + max(self.sent - self.dispatched, 0)
+
+    def running_for(self) -> float:
+        """Seconds the batch of a dispatched request has run: from its send, since an instance
+        takes a batch only when it has answered the one before."""
+        return (time.monotonic_ns() - self.sent) / 1e9
+
+
+class Flight(NamedTuple):
+    """A batch whose sender waits for its reply itself (Scheduler.submit's `own`)."""
+
+    instance: ModelInstance
+    process: StubProcess
+    batch: list[Ticket]
+    message: IPCMessage
