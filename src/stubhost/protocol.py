@@ -66,8 +66,8 @@ REPLY_OK = 0
 REPLY_ERROR = 1
 REPLY_STUB_GONE = 2
 
-REQUEST_FIXED_STRINGS = 3  # request_id, parameters, correlation id text; then requested outputs
-BLS_FIXED_STRINGS = 5      # ... then the model name and version; then requested outputs
+REQUEST_FIXED_STRINGS = 4  # request_id, parameters, correlation id text, trace id; then requested outputs
+BLS_FIXED_STRINGS = 6      # ... then the model name and version; then requested outputs
 # A requested output the stub should write straight into a client's region is named
 # "<name><SEP><region id>:<offset>:<byte_size>"; the model sees only "<name>".
 OUTPUT_DESTINATION_SEP = "\x1f"

@@ -68,7 +68,7 @@ def test_force_cpu_only_input_tensors_refuses_other_values():
 
 
 def test_a_request_naming_an_unmapped_cuda_region_is_refused(pool):
-    record = _core.write_record(pool, int(_core.RecordKind.REQUEST), 0, (0, 0, 0), ("id", "{}", ""),
+    record = _core.write_record(pool, int(_core.RecordKind.REQUEST), 0, (0, 0, 0), ("id", "{}", "", ""),
                                 [("INPUT0", (4,), int(_core.DataType.FP32), 7, 0, 16, 0)])
     try:
         with pytest.raises(_core.FormatError, match="input 'INPUT0' lies in memory this stub has not mapped"):
@@ -101,4 +101,4 @@ def test_a_gpu_output_that_cannot_be_copied_fails_only_its_response(pool, monkey
 
 
 def _write_request(pool):
-    return _core.write_record(pool, int(_core.RecordKind.REQUEST), 0, (0, 0, 0), ("id", "{}", ""), [])
+    return _core.write_record(pool, int(_core.RecordKind.REQUEST), 0, (0, 0, 0), ("id", "{}", "", ""), [])

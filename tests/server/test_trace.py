@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import queue
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.host.repo_factory import copy_examples, wait_until
+from tests.host.repo_factory import config_pbtxt, copy_examples, io, wait_until, write_model
 from tests.server.frontend_support import PROTOCOLS, Conn, error_of, expect_status, proto_json
 from tests.server.serve_process import ServeProcess
 from stubhost.host.trace import TIMESTAMPS, tensor_data
@@ -304,6 +305,76 @@ def test_trace_file_of_every_kind_of_request(repo: Path, tmp_path: Path) -> None
     assert len(stamps["GRPC_SEND_START"]) == len(stamps["GRPC_SEND_END"]) == 3  # one per response
     assert stamps["GRPC_WAITREAD_END"][0] <= stamps["REQUEST_START"][0] <= min(stamps["GRPC_SEND_START"])
     assert all(start <= end for start, end in zip(stamps["GRPC_SEND_START"], stamps["GRPC_SEND_END"]))
+
+
+# A BLS model: per request, add_sub with the request's trace (sync, then async), add_sub without
+# it, and the decoupled repeat with it; each call's request id names how it was made.
+BLS_PY = """
+import asyncio
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return asyncio.run(self.run(requests))
+
+    async def run(self, requests):
+        responses = []
+        for request in requests:
+            inputs = [pb_utils.get_input_tensor_by_name(request, name) for name in ("INPUT0", "INPUT1")]
+            rid = request.request_id()
+
+            def call(model, how, tensors, **kw):
+                return pb_utils.InferenceRequest(model_name=model, inputs=tensors, request_id=f"{rid}-{how}", **kw)
+
+            traced = call("add_sub", "sync", inputs, trace=request.trace()).exec()
+            assert not traced.has_error(), traced.error().message()
+            await call("add_sub", "async", inputs, trace=request.trace()).async_exec()
+            call("add_sub", "untraced", inputs).exec()
+            stream = [pb_utils.Tensor("IN", np.array([1, 2], np.int32))]
+            for _ in call("repeat", "stream", stream, trace=request.trace()).exec(decoupled=True):
+                pass
+            out = pb_utils.get_output_tensor_by_name(traced, "OUTPUT0")
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", out.as_numpy())]))
+        return responses
+"""
+
+
+def test_bls_requests_made_with_the_requests_trace_are_its_children(repo: Path, tmp_path: Path) -> None:
+    """As in Triton, a BLS request made with ``trace=request.trace()`` of a traced request is
+    traced as its child (its own id, ``parent_id`` the request's): sync, async and decoupled
+    calls alike; a BLS request made without it is not traced."""
+    models = Path(shutil.copytree(repo, tmp_path / "models"))
+    write_model(models, "bls", BLS_PY, config_pbtxt(
+        "bls", [io("INPUT0", "TYPE_FP32", [4]), io("INPUT1", "TYPE_FP32", [4])], [io("OUTPUT0", "TYPE_FP32", [4])]))
+    trace_file = tmp_path / "trace.json"
+    with ServeProcess(models, "--trace-config", f"triton,file={trace_file}", "--trace-config", "level=TIMESTAMPS",
+                      "--trace-config", "rate=1") as srv:
+        for protocol, rid in (("http", "b1"), ("grpc", "b2")):
+            conn = Conn.open(protocol, srv)
+            try:
+                a = np.arange(4, dtype=np.float32)
+                result = conn.client.infer("bls", [conn.input("INPUT0", a), conn.input("INPUT1", a)], request_id=rid)
+                np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+            finally:
+                conn.close()
+        assert "Traceback" not in srv.log
+    traces = read_traces(trace_file)
+    for rid, order in (("b1", HTTP_ORDER), ("b2", GRPC_ORDER)):
+        [parent] = by_request(traces, rid)
+        assert parent["model"]["model_name"] == "bls" and "parent_id" not in parent["model"]
+        assert_in_order(parent, order)
+        assert by_request(traces, f"{rid}-untraced") == []
+        for how, model in (("sync", "add_sub"), ("async", "add_sub"), ("stream", "repeat")):
+            [child] = by_request(traces, f"{rid}-{how}")
+            assert child["model"] == {"id": child["model"]["id"], "model_name": model, "model_version": 1,
+                                      "request_id": f"{rid}-{how}", "parent_id": parent["model"]["id"]}
+            for name in ("REQUEST_START", "QUEUE_START", "COMPUTE_START", "REQUEST_END"):
+                assert name in child["timestamps"], (how, sorted(child["timestamps"]))
+            assert parent["timestamps"]["COMPUTE_INPUT_END"][0] <= child["timestamps"]["REQUEST_START"][0]
+            assert child["timestamps"]["REQUEST_END"][0] <= parent["timestamps"]["COMPUTE_OUTPUT_START"][0]
 
 
 def test_rate_count_log_frequency_and_tensors(repo: Path, tmp_path: Path) -> None:

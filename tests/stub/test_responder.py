@@ -12,7 +12,7 @@ from stubhost.stub.responder import MAX_CANCELLED, StubResponder
 
 def request_in(pool: _core.Pool, serial: int) -> tuple[InferenceRequest, int]:
     """A request as the stub reads it from a record the parent wrote with `serial`."""
-    record = _core.write_record(pool, int(_core.RecordKind.REQUEST), serial, (0, 0, 0), ("id", "{}", ""), [])
+    record = _core.write_record(pool, int(_core.RecordKind.REQUEST), serial, (0, 0, 0), ("id", "{}", "", ""), [])
     return codec.read_requests(pool, record, "m", 1)[0], record
 
 

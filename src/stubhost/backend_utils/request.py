@@ -37,12 +37,22 @@ class PreferredMemory:
 
 class InferenceTrace:
     """A request's trace, as ``request.trace()`` returns it and a BLS request takes it
-    (``InferenceRequest(..., trace=request.trace())``). stubhost traces in Triton's "triton" mode
-    only and does not trace BLS requests, so a trace carries no context: ``get_context()`` (an
-    OpenTelemetry context) is None, as Triton's is outside OpenTelemetry mode.
+    (``InferenceRequest(..., trace=request.trace())``): a BLS request made with the trace of a
+    traced request is traced as its child, as in Triton. stubhost traces in Triton's "triton" mode
+    only, so a trace carries no context: ``get_context()`` (an OpenTelemetry context) is None, as
+    Triton's is outside OpenTelemetry mode.
     """
 
-    __slots__ = ()
+    __slots__ = ("_id",)
+
+    def __init__(self) -> None:
+        self._id = 0  # the server's trace id of the request (0: not traced)
+
+    @classmethod
+    def _of(cls, trace_id: int) -> InferenceTrace:
+        trace = cls()
+        trace._id = trace_id
+        return trace
 
     def get_context(self) -> str | None:
         """The trace's OpenTelemetry context (JSON), or None: always None in stubhost."""
@@ -64,7 +74,8 @@ class InferenceRequest:
     """One inference request: inputs, requested outputs, id, correlation id, flags, parameters."""
 
     __slots__ = ("_inputs", "_requested_output_names", "_request_id", "_correlation_id", "_flags", "_destinations",
-                 "_parameters", "_timeout", "_model_name", "_model_version", "_state", "_release_flags", "_preferred_memory")
+                 "_parameters", "_timeout", "_model_name", "_model_version", "_state", "_release_flags", "_preferred_memory",
+                 "_trace")
 
     def __init__(self, model_name: str = "", inputs: Sequence[Tensor] = (),
                  requested_output_names: Sequence[str] = (), request_id: str = "",
@@ -109,11 +120,12 @@ class InferenceRequest:
         if not isinstance(trace, InferenceTrace):
             raise TypeError("trace must be a pb_utils.InferenceTrace (a request's trace())")
         self._preferred_memory = preferred_memory
+        self._trace = trace
 
     @classmethod
     def _from_stub(cls, inputs: list[Tensor], requested: list[str], request_id: str, correlation_id: int | str,
                    flags: int, timeout: int, parameters: str, model_name: str,
-                   model_version: int) -> InferenceRequest:
+                   model_version: int, trace: InferenceTrace = _UNTRACED) -> InferenceRequest:
         """Builds a request read from the pool without re-validating it (the stub's fast path)."""
         r = cls.__new__(cls)
         r._inputs = inputs
@@ -129,6 +141,7 @@ class InferenceRequest:
         r._state = None  # set by the stub: the request's record handle and its sender's state
         r._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         r._preferred_memory = None
+        r._trace = trace
         return r
 
     def inputs(self) -> list[Tensor]:
@@ -141,7 +154,7 @@ class InferenceRequest:
 
     def trace(self) -> InferenceTrace:
         """The request's trace, to pass on to BLS requests; it has no context (see InferenceTrace)."""
-        return _UNTRACED
+        return self._trace
 
     def request_id(self) -> str:
         """The caller's request id ("" when none was given)."""

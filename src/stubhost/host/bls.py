@@ -30,6 +30,7 @@ import numpy as np
 
 from stubhost import _core
 from stubhost._core import Command, IPCMessage, Pool, RecordKind
+from stubhost.host.background import iterate_in_background, run_in_background
 from stubhost.host.errors import InferenceError, UnknownModelError
 from stubhost.protocol import (
     BLS_FIXED_STRINGS,
@@ -201,8 +202,10 @@ class BlsService:
         pool = process.pool
         responses: Generator[InferResponse, None, None] | None = None
         try:
-            server, call = self._call(pool, record)
-            responses = server.stream_responses(**call)
+            server, call = self._call(process, record)
+            trace = call.pop("trace")
+            responses = (server.stream_responses(**call) if trace is None
+                         else iterate_in_background(server.stream_responses_async(**call, trace=trace)))
             for response in responses:
                 if record:
                     pool.free(record)  # the request is in the target's pool by now
@@ -263,11 +266,12 @@ class BlsService:
         the target instance's completion thread; any other is handed, as read, to a BLS thread."""
         pool, record = process.pool, message.args
         try:
-            server, call = self._call(pool, record)
+            server, call = self._call(process, record)
             timeout = call.pop("timeout")  # only a waiting thread can give up on time
+            trace = call.pop("trace")  # only the asyncio path traces
             done = functools.partial(self._respond, process, message, call["name"])
             linger = BLS_LINGER_S if not len(process.calls) else 0.0  # nothing else of the stub's waits
-            if timeout is None and server.submit_response(**call, done=done, linger=linger):
+            if timeout is None and trace is None and server.submit_response(**call, done=done, linger=linger):
                 pool.free(record)  # the inputs are in the target's pool now
                 return
         except Exception as e:  # noqa: BLE001  (the caller must always get an answer)
@@ -275,15 +279,18 @@ class BlsService:
             self._fail(process, message, e)
             return
         try:
-            self._threads.submit(self.serve, process, message, server, {**call, "timeout": timeout})  # type: ignore[union-attr]
+            self._threads.submit(self.serve, process, message, server,  # type: ignore[union-attr]
+                                 {**call, "timeout": timeout, "trace": trace})
         except RuntimeError:  # shut down: the server is closing
             pool.free(record)
             self._answer(process, message, InferenceError("UNAVAILABLE", "the server is closing"))
 
     def serve(self, process: StubProcess, message: IPCMessage, server: Server, call: dict[str, Any]) -> None:
         """Runs one call, as ``_call`` read it, and answers it (a BLS thread)."""
+        trace = call.pop("trace", None)
         try:
-            response = server.infer_response(**call)
+            response = (server.infer_response(**call) if trace is None
+                        else run_in_background(server.infer_response_async(**call, trace=trace)))
         except Exception as e:  # noqa: BLE001  (the caller must always get an answer)
             self._fail(process, message, e)
             return
@@ -332,16 +339,18 @@ class BlsService:
         finally:
             message.release()
 
-    def _call(self, pool: Pool, record: int) -> tuple[Server, dict[str, Any]]:
+    def _call(self, process: StubProcess, record: int) -> tuple[Server, dict[str, Any]]:
         """The server and the keyword arguments of the call a BLS request record describes
-        (inputs are views of the record, which must outlive the call's start)."""
+        (inputs are views of the record, which must outlive the call's start). Its ``trace`` is
+        a child of the trace of the request the stub named, when that request is traced and was
+        sent to this stub (Triton traces a BLS request made with ``trace=request.trace()``)."""
         try:
-            kind, _, ints, _, strings, tensors = _core.read_record(pool, record)
+            kind, _, ints, _, strings, tensors = _core.read_record(process.pool, record)
         except _core.CoreError as e:
             raise InferenceError("INVALID_ARG", f"malformed BLS request: {e}") from None
         if kind != _REQUEST or len(strings) < BLS_FIXED_STRINGS:
             raise InferenceError("INVALID_ARG", "malformed BLS request: not a BLS request record")
-        request_id, parameters, corr_text, model_name, version = strings[:BLS_FIXED_STRINGS]
+        request_id, parameters, corr_text, trace_id, model_name, version = strings[:BLS_FIXED_STRINGS]
         try:
             params: Any = json.loads(parameters) if parameters and parameters != "{}" else {}
         except ValueError:
@@ -352,10 +361,12 @@ class BlsService:
         if server is None:
             raise InferenceError("UNAVAILABLE", "the server is closed")
         timeout_us = ints[2]
+        parent = process.traces.get(int(trace_id)) if trace_id.isdigit() else None
         return server, {"name": model_name, "inputs": {name: array for name, _, array in tensors},
                         "outputs": list(strings[BLS_FIXED_STRINGS:]) or None, "model_version": version,
                         "parameters": params, "request_id": request_id, "correlation_id": corr_text or ints[1],
-                        "flags": ints[0], "timeout": timeout_us / 1e6 if timeout_us else None}
+                        "flags": ints[0], "timeout": timeout_us / 1e6 if timeout_us else None,
+                        "trace": parent.child(model_name) if parent is not None else None}
 
     def close(self) -> None:
         """Stops taking calls (those running finish)."""

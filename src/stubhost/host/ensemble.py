@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stubhost.config import ModelConfig, config_to_dict
+from stubhost.host.background import iterate_in_background
 from stubhost.host.errors import InferenceError
 from stubhost.host.versions import resolve_version
 from stubhost.host.inputs import RequestChecker
@@ -256,16 +257,9 @@ class EnsembleModel:
                correlation_id: int | str, flags: int, *, timeout_us: int | None = None,
                priority: int = 0) -> Generator[InferResponse, None, None]:
         """The ensemble's responses as they come; leaving early cancels what still runs."""
-        responses = self.stream_async(inputs, outputs, model_version, parameters, request_id, timeout,
-                                      correlation_id, flags, timeout_us=timeout_us, priority=priority)
-        try:
-            while True:
-                try:
-                    yield _background(responses.__anext__())
-                except StopAsyncIteration:
-                    return
-        finally:
-            _background(responses.aclose())
+        yield from iterate_in_background(self.stream_async(inputs, outputs, model_version, parameters, request_id,
+                                                           timeout, correlation_id, flags, timeout_us=timeout_us,
+                                                           priority=priority))
 
     async def stream_async(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
                            model_version: str | int, parameters: str, request_id: str, timeout: float | None,
@@ -488,32 +482,15 @@ def _batch_size(inputs: Mapping[str, Any]) -> int:
     return 1
 
 
-# ---- the threads that run sync callers' steps and streams -----------------------------------------
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_lock = threading.Lock()
+# ---- the threads that run sync callers' steps ---------------------------------------------------
+_pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 
 
 def _workers() -> ThreadPoolExecutor:
     """Threads for the steps a sync caller's round runs beside its own (made on first use)."""
     global _pool
-    with _loop_lock:
+    with _pool_lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="stubhost-ensemble-step")
         return _pool
-
-
-def _background(coroutine: Any) -> Any:
-    """Runs a coroutine on a process-wide event loop thread and waits for it (sync callers)."""
-    global _loop
-    with _loop_lock:
-        if _loop is None:
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="stubhost-ensembles", daemon=True).start()
-            _loop = loop
-    future: Future[Any] = asyncio.run_coroutine_threadsafe(coroutine, _loop)
-    try:
-        return future.result()
-    except BaseException:
-        future.cancel()
-        raise

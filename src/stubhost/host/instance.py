@@ -27,6 +27,7 @@ from stubhost.host.instance_spec import InstanceSpec, initialize_stub, load_erro
 from stubhost.host.regions import RegionDestination, RegionTensor, destination_text, region_entry
 from stubhost.host.streams import ResponseStream, StreamItem, request_serial
 from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
+from stubhost.host.trace import RequestTrace
 from stubhost.host.warmup import Warmup
 from stubhost.protocol import (
     REPLY_ERROR,
@@ -291,16 +292,19 @@ class ModelInstance:
 
     async def execute_async(self, tensors: list[tuple[str, Any, int]], outputs: Sequence[str | RegionDestination], request_id: str,
                             parameters: str, correlation_id: int | str, flags: int,
-                            timeout: float | None, *, timeout_us: int | None = None) -> ExecuteResult:
+                            timeout: float | None, *, timeout_us: int | None = None,
+                            trace: RequestTrace | None = None) -> ExecuteResult:
         """``execute`` for asyncio: no thread waits; the stub rings the doorbell of the caller's
-        event loop when the reply is in (or its completion thread wakes the loop: StubProcess.submit)."""
+        event loop when the reply is in (or its completion thread wakes the loop: StubProcess.submit).
+        `trace`: the request is traced (the model's BLS requests are its children)."""
         loop = asyncio.get_running_loop()
         process = self.process
         if self.state is not InstanceState.READY:
             process = await loop.run_in_executor(None, self._wait_ready, timeout)
         done = loop.create_future()
         message, record = self._send(process, tensors, outputs, request_id, parameters, correlation_id, flags,
-                                     timeout, functools.partial(wake, loop, done), timeout_us, loop=loop)
+                                     timeout, functools.partial(wake, loop, done), timeout_us, loop=loop,
+                                     trace=trace)
         sent = time.monotonic_ns()
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
@@ -373,13 +377,15 @@ class ModelInstance:
     # ---- streams (decoupled models) ----------------------------------------------------------------
     def open_stream(self, tensors: list[tuple[str, Any, int]], outputs: Sequence[str | RegionDestination],
                     request_id: str, parameters: str, correlation_id: int | str, flags: int,
-                    timeout_us: int | None, process: StubProcess | None = None) -> RequestStream:
+                    timeout_us: int | None, process: StubProcess | None = None,
+                    trace: RequestTrace | None = None) -> RequestStream:
         """Sends one request whose responses come through its sender; returns the stream that
-        gathers them. `process` skips the wait for READY (an async caller waited already)."""
+        gathers them. `process` skips the wait for READY (an async caller waited already);
+        `trace`: the request is traced."""
         process = process or self._wait_ready(None)
         serial = process.next_serial()
         record = self.write_request(process, tensors, outputs, request_id, parameters, correlation_id, flags,
-                                     None, timeout_us, serial)
+                                     None, timeout_us, serial, trace)
         stream = process.stream_for(record, serial)
         try:
             process.submit(Command.EXECUTE_REQUEST, record, None, functools.partial(self._stream_replied, process,
@@ -426,12 +432,12 @@ class ModelInstance:
               request_id: str, parameters: str, correlation_id: int | str, flags: int, timeout: float | None,
               on_reply: Callable[..., None] | None, timeout_us: int | None = None,
               with_record: bool = False, loop: asyncio.AbstractEventLoop | None = None,
-              linger: float = 0.0) -> tuple[IPCMessage, int]:
+              linger: float = 0.0, trace: RequestTrace | None = None) -> tuple[IPCMessage, int]:
         """Writes the request record and queues its Execute message; `on_reply` is called as
         StubProcess.submit says (`loop` and `linger` too), or as ``on_reply(message, record)``
         with `with_record`."""
         record = self.write_request(process, tensors, outputs, request_id, parameters, correlation_id, flags,
-                                     timeout, timeout_us, process.next_serial())
+                                     timeout, timeout_us, process.next_serial(), trace)
         if with_record and on_reply is not None:
             on_reply = functools.partial(on_reply, record=record)  # known before the stub can answer
         try:
@@ -443,10 +449,15 @@ class ModelInstance:
     def write_request(self, process: StubProcess, tensors: list[tuple[str, Any, int]],
                        outputs: Sequence[str | RegionDestination], request_id: str, parameters: str,
                        correlation_id: int | str, flags: int, timeout: float | None, timeout_us: int | None,
-                       serial: int) -> int:
+                       serial: int, trace: RequestTrace | None = None) -> int:
         """Writes a request record into the stub's pool; returns its handle. `serial` (from the
-        process's ``next_serial``) names this request in a cancellation."""
+        process's ``next_serial``) names this request in a cancellation; a `trace`d request's
+        trace id goes with it (the model's BLS requests are traced as its children: bls.py)."""
         pool = process.pool
+        trace_id = ""
+        if trace is not None:
+            process.traces[trace.id] = trace
+            trace_id = str(trace.id)
         corr_int, corr_text = (correlation_id, "") if isinstance(correlation_id, int) else (0, correlation_id)
         if timeout_us is None:
             timeout_us = int(timeout * 1e6) if timeout is not None else 0
@@ -458,7 +469,7 @@ class ModelInstance:
             names = [destination_text(process, o) if type(o) is RegionDestination else o for o in outputs]
         try:
             return _core.write_record(pool, _REQUEST, serial, (flags, corr_int, timeout_us),
-                                      (request_id, parameters, corr_text, *names), entries)
+                                      (request_id, parameters, corr_text, trace_id, *names), entries)
         except (_core.PoolFullError, _core.LockTimeoutError, _core.ShmError, _core.ShmSpaceError) as e:
             # The core's text names segments, which clients must never see (ARCHITECTURE §5): it
             # goes to the log only.

@@ -374,13 +374,14 @@ class LoadedModel(Retirable):
             if scheduler is not None:
                 ticket = stage = self._ticket(inputs, outputs, parameters, request_id, correlation_id, flags,
                                               timeout_us, priority, begin)
+                ticket.trace = trace
                 queued = await scheduler.wait_async(ticket, timeout)
                 return self._response(version, ticket.tensors, queued, begin, request_id,  # type: ignore[arg-type]
                                       ticket, trace)
             instance, tensors, requested = self._route(inputs, outputs, version, request_id)
             stage = BACKEND
             result = await instance.execute_async(tensors, requested, request_id, parameters, correlation_id, flags,
-                                                  timeout, timeout_us=timeout_us)
+                                                  timeout, timeout_us=timeout_us, trace=trace)
             return self._response(version, tensors, result, begin, request_id, None, trace)
         except (InferenceError, asyncio.CancelledError) as e:
             self._failed(version, begin, stage, e)
@@ -523,6 +524,7 @@ class LoadedModel(Retirable):
             if scheduler is not None:
                 ticket = stage = self._ticket(inputs, outputs, parameters, request_id, correlation_id, flags,
                                               timeout_us, priority, begin)
+                ticket.trace = trace
                 tally = StreamTally(self, version, ticket.tensors, begin, request_id, timeout, trace)
                 stream: RequestStream = await scheduler.wait_async(ticket, tally.remaining())  # type: ignore[assignment]
             else:
@@ -533,7 +535,7 @@ class LoadedModel(Retirable):
                 if instance.state is not InstanceState.READY:
                     process = await asyncio.get_running_loop().run_in_executor(None, instance._wait_ready, timeout)
                 stream = instance.open_stream(tensors, requested, request_id, parameters, correlation_id, flags,
-                                              timeout_us, process)
+                                              timeout_us, process, trace)
         except (InferenceError, asyncio.CancelledError) as e:
             self._failed(version, begin, stage, e)
             raise

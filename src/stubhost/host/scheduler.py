@@ -268,7 +268,7 @@ class Scheduler:
                 ticket.serial = process.next_serial()
                 ticket.record = instance.write_request(process, ticket.tensors, ticket.requested, ticket.request_id,
                                                        ticket.parameters, ticket.correlation_id, ticket.flags, None,
-                                                       ticket.timeout_us, ticket.serial)
+                                                       ticket.timeout_us, ticket.serial, ticket.trace)
             except InferenceError as e:
                 self._settle(ticket, e)
                 continue

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
@@ -38,7 +39,6 @@ DEATH_CHECK_S = 0.1      # how often a waiting caller checks that its stub still
 COMPLETION_POLL_S = 0.1  # how often the completion thread also polls for replies it was not told of
 PUSH_TIMEOUT_S = 5.0     # how long a command that nobody waits for may wait for room in the queue
 KEPT_CANCELS = 1024      # cancellations kept while parent_to_stub_mq is full (StubProcess.cancel)
-
 
 # What the stub asks of the server (BLS): served by `on_call`.
 _CALLS = (Command.INFER_EXEC_REQUEST, Command.INFER_STREAM_EXEC_REQUEST, Command.CANCEL_REQUEST,
@@ -95,8 +95,7 @@ class StubProcess:
         self.overruns: list[tuple[IPCMessage, int, float, float | None]] = []
         self._overruns_lock = threading.Lock()  # SYNC: callers that give up append, the monitor prunes
         self._completer: threading.Thread | None = None
-        self._completer_lock = threading.Lock()
-        self._closing = False
+        self._completer_lock, self._closing = threading.Lock(), False
         self._regions: set[int] = set()  # ids of the client regions this stub was asked to map
         self._regions_lock = threading.Lock()
         self.streams: dict[int, ResponseStream] = {}  # request record -> responses its sender sends
@@ -104,6 +103,7 @@ class StubProcess:
         # Numbers the requests written into this pool (in a record's status), so that a
         # cancellation names one request, not whichever request uses its record now.
         self._serials = itertools.count()
+        self.traces: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()  # traced, by id
         self._cancels: list[tuple[int, int]] = []  # (record, serial) not queued yet (queue full), oldest first
         self._cancels_lock = threading.Lock()  # SYNC: cancellers append, one retrier at a time queues
         try:

@@ -105,7 +105,7 @@ class Ticket:
     __slots__ = ("tensors", "requested", "request_id", "parameters", "correlation_id", "flags", "timeout_us",
                  "size", "priority", "begin", "enqueued", "deadline", "state", "instance", "process", "record",
                  "serial", "dispatched", "sent", "message", "batch_size", "first_in_batch", "outcome", "wake", "loop",
-                 "ordered", "failure", "batch_key")
+                 "ordered", "failure", "batch_key", "trace")
 
     def __init__(self, tensors: list[tuple[str, Any, int]], requested: Sequence[str | RegionDestination],
                  request_id: str, parameters: str, correlation_id: int | str, flags: int,
@@ -138,6 +138,7 @@ class Ticket:
         self.ordered = False        # settled, waiting for earlier requests (preserve_ordering)
         self.failure = BACKEND      # the failure reason (stats.py) of an error this scheduler gives it
         self.batch_key: frozenset[Any] | None = None  # EqualInputs.key: requests of a batch share it
+        self.trace: Any = None      # the request's RequestTrace (host/trace.py), told to its stub
 
     def compute_input_end(self) -> int:
         """The instant that splits the request's time before its batch ran into compute_input

@@ -65,7 +65,7 @@ class RequestTrace:
     """
 
     __slots__ = ("id", "parent_id", "level", "model_name", "_root", "_entries", "_children", "_sink", "_refs",
-                 "_lock")
+                 "_lock", "__weakref__")
 
     def __init__(self, level: int, sink: Sink | None, model_name: str = "",
                  parent: RequestTrace | None = None) -> None:

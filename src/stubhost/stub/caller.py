@@ -252,8 +252,9 @@ class StubCaller:
         # GPU inputs travel through the pool: copied to the host once (the parent passes CPU
         # tensors between instances).
         tensors = [(t._name, t._array, t._dtype) if t.is_cpu() else host_entry(t) for t in request.inputs()]
-        strings = (request.request_id(), request.parameters(), corr_text, request.model_name(),
-                   str(request.model_version()), *request.requested_output_names())
+        trace_id = request.trace()._id
+        strings = (request.request_id(), request.parameters(), corr_text, str(trace_id) if trace_id else "",
+                   request.model_name(), str(request.model_version()), *request.requested_output_names())
         try:
             return _core.write_record(self.pool, _REQUEST, 0, (request.flags(), corr_int, request.timeout()),
                                       strings, tensors)

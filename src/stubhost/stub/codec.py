@@ -9,7 +9,7 @@ import numpy as np
 
 from stubhost import _core
 from stubhost._core import Pool, RecordKind
-from stubhost.backend_utils.request import InferenceRequest
+from stubhost.backend_utils.request import _UNTRACED, InferenceRequest, InferenceTrace
 from stubhost.backend_utils.response import InferenceResponse
 from stubhost.backend_utils.response_sender import SenderState
 from stubhost.backend_utils.tensor import Tensor
@@ -62,8 +62,9 @@ def read_requests(pool: Pool, first: int, model_name: str, model_version: int,
                 if where is not None:
                     destinations[name] = where
             requested = names
+        trace = InferenceTrace._of(int(strings[3])) if strings[3].isdigit() else _UNTRACED
         request = InferenceRequest._from_stub(inputs, requested, strings[0], correlation, ints[0], ints[2],
-                                              strings[1] or "{}", model_name, model_version)
+                                              strings[1] or "{}", model_name, model_version, trace)
         request._destinations = destinations
         request._state = SenderState(this, serial)  # a request record's status holds its serial
         requests.append(request)
