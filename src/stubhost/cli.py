@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "with (?-i)) reach the model as string parameters")
     serve.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_BODY,
                        help="largest request body (HTTP) or message (gRPC) accepted")
+    serve.add_argument("--id", default="", metavar="NAME",
+                       help="the server's name in its metadata (default 'stubhost')")
     serve.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="none")
     serve.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECONDS",
                        help="in poll mode, the time between two looks at the repositories")
@@ -122,7 +124,6 @@ def build_parser() -> argparse.ArgumentParser:
 # tritonserver flags with no counterpart in stubhost: accepted, so that a launch script written
 # for tritonserver starts unchanged, and reported at start-up with the reason.
 IGNORED_FLAGS = {
-    "--id": "the server's name is 'stubhost'",
     "--backend-directory": "the Python backend is built in",
     "--repoagent-directory": "repository agents are not supported",
     "--pinned-memory-pool-byte-size": "tensors cross in each stub's shared-memory pool",
@@ -341,7 +342,7 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     server.allow_model_control = args.model_control_mode == "explicit"
     service = InferenceService(server, model_control=server.allow_model_control,
-                               strict_readiness=args.strict_readiness,
+                               strict_readiness=args.strict_readiness, server_id=args.id,
                                tracer=TraceManager(trace.level, trace.rate, trace.count, trace.log_frequency,
                                                    trace.file))
     log_model_table(service)

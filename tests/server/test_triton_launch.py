@@ -74,11 +74,15 @@ def test_the_script_changed_in_one_word_serves_both_repositories(conn: Conn, lau
     assert (constant(conn, "first"), constant(conn, "second")) == (1, 2)
 
 
+def test_the_id_is_the_servers_name_in_its_metadata(conn: Conn) -> None:
+    metadata = conn.client.get_server_metadata()
+    assert (metadata["name"] if conn.protocol == "http" else metadata.name) == "production"
+
+
 def test_flags_without_meaning_here_are_reported_once(launched) -> None:
     srv = launched[0]
     log = srv.log
-    for flag in ("--pinned-memory-pool-byte-size=268435456", "--id=production", "--http-thread-count=8",
-                 "--allow-gpu-metrics=false"):
+    for flag in ("--pinned-memory-pool-byte-size=268435456", "--http-thread-count=8", "--allow-gpu-metrics=false"):
         assert log.count(f"{flag} is accepted and has no effect") == 1, log
     assert "--backend-config python,shm-default-byte-size=1048576: applied" in log
     assert "--backend-config python,stub-timeout-seconds=30: accepted, no effect" in log

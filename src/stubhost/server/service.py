@@ -150,8 +150,9 @@ class InferenceService:
 
     def __init__(self, server: Server, registry: SharedMemoryRegistry | None = None, *,
                  model_control: bool = False, max_tensors: int = MAX_TENSORS, strict_readiness: bool = True,
-                 tracer: TraceManager | None = None) -> None:
+                 tracer: TraceManager | None = None, server_id: str = "") -> None:
         self.server = server
+        self.server_id = server_id  # the name in the server metadata (tritonserver's --id); "": the default
         self.tracer = tracer if tracer is not None else TraceManager()  # trace settings; samples requests
         self.strict_readiness = strict_readiness  # False: ready whenever live (tritonserver's flag)
         self.registry = registry if registry is not None else SharedMemoryRegistry(
@@ -174,6 +175,7 @@ class InferenceService:
     def metadata(self) -> dict[str, Any]:
         """Server metadata: name, version and the extensions that work."""
         meta = self.server.metadata()
+        meta["name"] = self.server_id or meta["name"]
         # Like a Triton built without GPU support, no CUDA shared memory where no GPU is usable.
         meta["extensions"] = [e for e in EXTENSIONS if e != "cuda_shared_memory" or self.registry.cuda_supported]
         return meta
