@@ -32,9 +32,9 @@ class TritonPythonModel:
 
 
 def ensemble_config(name: str, inputs: list[str], outputs: list[str], steps: list[tuple[str, dict, dict]],
-                    extra: str = "") -> str:
+                    extra: str = "", max_batch_size: int = 0) -> str:
     """An ensemble config.pbtxt; each step is (model, input_map, output_map)."""
-    lines = [f'name: "{name}"', 'platform: "ensemble"', "max_batch_size: 0"]
+    lines = [f'name: "{name}"', 'platform: "ensemble"', f"max_batch_size: {max_batch_size}"]
     lines.append("input [ " + ", ".join(inputs) + " ]")
     lines.append("output [ " + ", ".join(outputs) + " ]")
     rendered = []
@@ -170,11 +170,17 @@ def test_metadata_names_the_ensemble_platform(server: stubhost.Server) -> None:
 
 # ---- loading ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("steps, words", [
-    ([("missing", {"X": "X"}, {"Y": "Y"})], "ensemble 'broken' depends on 'missing' which has no loaded version"),
+    ([("missing", {"X": "X"}, {"Y": "Y"})], "ensemble 'broken' depends on 'missing' which has no loaded version."),
     ([("double", {"NOPE": "X"}, {"Y": "Y"})], "is mapping to non-existing input NOPE in model double"),
     ([("double", {"X": "X"}, {"NOPE": "Y"})], "is mapped from non-existing output NOPE in model double"),
-    ([("double", {"X": "X"}, {"Y": "OTHER"})], "output 'Y' is not produced by any step"),
-    ([("double", {"X": "LOOP"}, {"Y": "Y"}), ("double", {"X": "Y"}, {"Y": "LOOP"})], "or the steps form a cycle"),
+    ([("double", {"X": "X"}, {"Y": "OTHER"})], "ensemble output 'Y' for ensemble broken' is not used"),
+    ([("double", {"X": "X"}, {"Y": "Y"}), ("double", {"X": "LOOP"}, {"Y": "SPARE"})],
+     "ensemble tensor 'LOOP' is unused in ensemble 'broken'"),
+    ([("double", {"X": "X"}, {"Y": "Y"}), ("double", {"X": "Y"}, {"Y": "SPARE"})],
+     "ensemble tensor 'SPARE' is unused in ensemble 'broken'"),
+    ([("double", {"X": "X"}, {"Y": "A"}), ("double", {"X": "LOOP"}, {"Y": "Y"}), ("double", {"X": "Y"}, {"Y": "LOOP"})],
+     "output 'Y' for ensemble 'broken' is not written: at least one of its depending tensors, 'LOOP', is not "
+     "connected"),
 ])
 def test_bad_wiring_fails_the_load_and_nothing_else(tmp_path: Path, steps, words) -> None:
     repo = tmp_path / "models"
@@ -185,6 +191,70 @@ def test_bad_wiring_fails_the_load_and_nothing_else(tmp_path: Path, steps, words
         assert words in server.load_errors["broken"], server.load_errors["broken"]
         assert server.model_ready("double")
         assert not server.ready()
+
+
+FP32_4 = [io("A", "TYPE_FP32", [4]), io("B", "TYPE_FP32", [4])]
+ADD_SUB = {"INPUT0": "A", "INPUT1": "B"}
+
+
+@pytest.mark.parametrize("inputs, outputs, steps, batch, words", [
+    # every input a composing model needs is mapped (an optional one may be left out)
+    (FP32_4[:1], [io("S", "TYPE_FP32", [4])], [("add_sub", {"INPUT0": "A"}, {"OUTPUT0": "S"})], 0,
+     "in ensemble broken, input INPUT1 in model add_sub is not mapped to any ensemble tensors"),
+    # one data type per ensemble tensor: the ensemble's own declaration is the first
+    ([io("A", "TYPE_INT32", [4]), io("B", "TYPE_FP32", [4])], [io("S", "TYPE_FP32", [4])],
+     [("add_sub", ADD_SUB, {"OUTPUT0": "S"})], 0,
+     "in ensemble broken, ensemble tensor A: inconsistent data type: TYPE_INT32 is inferred from model broken "
+     "while TYPE_FP32 is inferred from model add_sub"),
+    # ... and between steps
+    (FP32_4, [io("OUT", "TYPE_INT32", [1])],
+     [("add_sub", ADD_SUB, {"OUTPUT0": "S"}), ("repeat", {"IN": "S"}, {"OUT": "OUT"})], 0,
+     "in ensemble broken, ensemble tensor S: inconsistent data type: TYPE_FP32 is inferred from model add_sub "
+     "while TYPE_INT32 is inferred from model repeat"),
+    # one shape, with or without the batch dimension (-1 matches any size)
+    ([io("A", "TYPE_FP32", [3]), io("B", "TYPE_FP32", [4])], [io("S", "TYPE_FP32", [4])],
+     [("add_sub", ADD_SUB, {"OUTPUT0": "S"})], 0,
+     "in ensemble broken, ensemble tensor A: inconsistent shape: [3] is inferred from model broken while [4] is "
+     "inferred from model add_sub"),
+    # a composing model that batches must allow the ensemble's batch size
+    ([io("X", "TYPE_FP32", [-1])], [io("Y", "TYPE_FP32", [-1])], [("double4", {"X": "X"}, {"Y": "Y"})], 8,
+     "ensemble broken allows maximum batch size 8, but it contains model double4 which only allows maximum batch "
+     "size to be 4"),
+    # the ensemble's outputs (or a step's inputs) from two sources, one of them decoupled
+    ([io("IN", "TYPE_INT32", [-1]), io("X", "TYPE_FP32", [-1])],
+     [io("OUT", "TYPE_INT32", [1]), io("Y", "TYPE_FP32", [-1])],
+     [("repeat", {"IN": "IN"}, {"OUT": "OUT"}), ("double", {"X": "X"}, {"Y": "Y"})], 0,
+     "in ensemble broken, step of model 'broken' receives inputs originated from different decoupled models"),
+])
+def test_maps_that_disagree_with_the_composing_models_fail_the_load(tmp_path: Path, inputs, outputs, steps, batch,
+                                                                     words) -> None:
+    """The checks Triton makes when an ensemble loads, against its composing models' configs."""
+    repo = copy_examples(tmp_path / "models", "add_sub", "repeat")
+    double_model(repo)
+    write_model(repo, "double4", DOUBLE_PY, config_pbtxt("double4", [io("X", "TYPE_FP32", [-1])],
+                                                         [io("Y", "TYPE_FP32", [-1])], max_batch_size=4))
+    write_ensemble(repo, "broken", ensemble_config("broken", inputs, outputs, steps, max_batch_size=batch))
+    with stubhost.Server(repo, exit_on_error=False) as server:
+        assert words in server.load_errors["broken"], server.load_errors["broken"]
+        assert server.model_ready("add_sub") and server.model_ready("repeat")
+
+
+def test_an_optional_input_may_stay_unmapped_and_a_batching_ensemble_may_run_models_that_do_not_batch(
+        tmp_path: Path) -> None:
+    repo = copy_examples(tmp_path / "models", "repeat")
+    double_model(repo)
+    write_ensemble(repo, "fine", ensemble_config(  # repeat's DELAY_MS is optional
+        "fine", [io("IN", "TYPE_INT32", [-1])], [io("OUT", "TYPE_INT32", [1]), io("IDX", "TYPE_UINT32", [1])],
+        [("repeat", {"IN": "IN"}, {"OUT": "OUT", "IDX": "IDX"})]))
+    write_ensemble(repo, "batched", ensemble_config(  # [-1] with a batch dimension is still [-1] for double
+        "batched", [io("X", "TYPE_FP32", [-1])], [io("Y", "TYPE_FP32", [-1])],
+        [("double", {"X": "X"}, {"Y": "Y"})], max_batch_size=4))
+    with stubhost.Server(repo, exit_on_error=False) as server:
+        assert server.load_errors == {}
+        assert server.model_ready("fine") and server.model_ready("batched")
+        outs = [r.outputs["OUT"].item() for r in server.stream_responses("fine", {"IN": np.array([4, 5], np.int32)})
+                if not r.empty]
+        assert outs == [4, 5]
 
 
 def test_an_ensemble_without_a_version_folder_is_refused(tmp_path: Path) -> None:

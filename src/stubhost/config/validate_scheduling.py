@@ -12,6 +12,7 @@ from collections import Counter
 
 from stubhost.config._check import Check
 from stubhost.config.defaults import ENSEMBLE_PLATFORM
+from stubhost.config.ensemble_flow import check_ensemble_flow
 from stubhost.config.model_config_pb2 import (
     DataType,
     ModelConfig,
@@ -202,11 +203,12 @@ def _validate_control(control: Control, field: str, check: Check) -> None:
 
 def validate_ensemble(cfg: ModelConfig, check: Check) -> None:
     """Structural checks of an ensemble: the platform, no instance groups / optimization / warmup,
-    and every step names a model and maps inputs and outputs, each ensemble tensor written once.
+    every step names a model and maps inputs and outputs, each ensemble tensor written once, and
+    the data flow of the steps (``ensemble_flow``).
 
-    The data flow itself (every ensemble output reachable from the inputs, the maps naming real
-    tensors of the composing models) is checked when the ensemble loads, against the models as
-    loaded then (``stubhost.host.ensemble``).
+    The maps against the composing models (their inputs, outputs, data types, shapes, batch
+    sizes) are checked when the ensemble loads, against the models as loaded then
+    (``stubhost.host.ensemble_wiring``).
     """
     name = check.model
     if cfg.platform != ENSEMBLE_PLATFORM:
@@ -238,3 +240,4 @@ def validate_ensemble(cfg: ModelConfig, check: Check) -> None:
                     f"ensemble '{name}' step {index}",
                 )
             written.add(tensor)
+    check_ensemble_flow(cfg, check)

@@ -32,6 +32,7 @@ from typing import Any
 
 from stubhost.config import ModelConfig, config_to_dict
 from stubhost.host.background import iterate_in_background
+from stubhost.host.ensemble_wiring import check_wiring
 from stubhost.host.errors import InferenceError
 from stubhost.host.versions import resolve_version
 from stubhost.host.inputs import RequestChecker
@@ -114,34 +115,9 @@ class EnsembleModel:
              classes: OutputClasses) -> EnsembleModel:
         """Checks the wiring against the composing models as loaded now; raises InferenceError."""
         name = cfg.name
-        config = config_to_dict(cfg)
-        available = {i["name"] for i in config.get("input", [])}
-        decoupled = bool(cfg.model_transaction_policy.decoupled)
         steps = ensemble_steps(cfg)
-        for step in steps:
-            model = lookup(step.model)
-            if model is None:
-                raise InferenceError("INVALID_ARG", f"ensemble '{name}' depends on '{step.model}' which has no "
-                                                    "loaded version")
-            decoupled = decoupled or bool(model.decoupled)
-            _check_maps(name, step, model)
-        # Data flow: steps run in an order where each reads only what exists; all run, and
-        # every ensemble output is produced.
-        pending = list(steps)
-        while pending:
-            runnable = [s for s in pending if set(s.inputs.values()) <= available]
-            if not runnable:
-                missing = sorted({t for s in pending for t in s.inputs.values()} - available)
-                raise InferenceError("INVALID_ARG", f"ensemble '{name}': ensemble tensor(s) {', '.join(missing)} "
-                                                    "are read by a step but neither an ensemble input nor "
-                                                    "produced by a step that can run (or the steps form a cycle)")
-            for step in runnable:
-                available.update(step.outputs.values())
-                pending.remove(step)
-        for output in config.get("output", []):
-            if output["name"] not in available:
-                raise InferenceError("INVALID_ARG", f"ensemble '{name}': output '{output['name']}' is not produced "
-                                                    "by any step")
+        # The data flow was checked with the configuration (config.ensemble_flow).
+        decoupled = check_wiring(name, cfg, steps, lookup) or bool(cfg.model_transaction_policy.decoupled)
         if decoupled:  # as Triton shows it: an ensemble with a decoupled step streams
             cfg.model_transaction_policy.decoupled = True
         return cls(name, model_dir, cfg, versions, lookup, decoupled, classes=classes)
@@ -457,21 +433,6 @@ class EnsembleModel:
                     yield {step.outputs[n]: v for n, v in response.outputs.items() if n in step.outputs}
         finally:
             await responses.aclose()
-
-
-def _check_maps(name: str, step: EnsembleStep, model: Any) -> None:
-    """The step's maps name inputs and outputs its model has."""
-    config = model.config_dict
-    model_inputs = {i["name"] for i in config.get("input", [])}
-    model_outputs = {o["name"] for o in config.get("output", [])}
-    for model_input, tensor in step.inputs.items():
-        if model_input not in model_inputs:
-            raise InferenceError("INVALID_ARG", f"in ensemble {name}, ensemble tensor {tensor} is mapping to "
-                                                f"non-existing input {model_input} in model {step.model}")
-    for model_output, tensor in step.outputs.items():
-        if model_output not in model_outputs:
-            raise InferenceError("INVALID_ARG", f"in ensemble {name}, ensemble tensor {tensor} is mapped from "
-                                                f"non-existing output {model_output} in model {step.model}")
 
 
 def _batch_size(inputs: Mapping[str, Any]) -> int:
