@@ -170,7 +170,8 @@ def test_metadata_names_the_ensemble_platform(server: stubhost.Server) -> None:
 
 # ---- loading ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("steps, words", [
-    ([("missing", {"X": "X"}, {"Y": "Y"})], "ensemble 'broken' depends on 'missing' which has no loaded version."),
+    ([("missing", {"X": "X"}, {"Y": "A"}), ("double", {"X": "A"}, {"Y": "B"}), ("gone", {"X": "B"}, {"Y": "Y"})],
+     "ensemble broken contains models that are not available or ambiguous: missing, gone"),
     ([("double", {"NOPE": "X"}, {"Y": "Y"})], "is mapping to non-existing input NOPE in model double"),
     ([("double", {"X": "X"}, {"NOPE": "Y"})], "is mapped from non-existing output NOPE in model double"),
     ([("double", {"X": "X"}, {"Y": "OTHER"})], "ensemble output 'Y' for ensemble broken' is not used"),
@@ -255,6 +256,19 @@ def test_an_optional_input_may_stay_unmapped_and_a_batching_ensemble_may_run_mod
         outs = [r.outputs["OUT"].item() for r in server.stream_responses("fine", {"IN": np.array([4, 5], np.int32)})
                 if not r.empty]
         assert outs == [4, 5]
+
+
+def test_a_composing_model_that_failed_to_load_is_named_with_its_error(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    write_model(repo, "bad", "raise ImportError('no such weights')\n",
+                config_pbtxt("bad", [io("X", "TYPE_FP32", [-1])], [io("Y", "TYPE_FP32", [-1])]))
+    write_ensemble(repo, "broken", ensemble_config("broken", [io("X", "TYPE_FP32", [-1])],
+                                                   [io("Y", "TYPE_FP32", [-1])], [("bad", {"X": "X"}, {"Y": "Y"})]))
+    with stubhost.Server(repo, exit_on_error=False) as server:
+        error = server.load_errors["broken"]
+        assert error.startswith("ensemble 'broken' depends on 'bad' which has no loaded version. Model 'bad' loading "
+                                "failed with error: "), error
+        assert "no such weights" in error
 
 
 def test_an_ensemble_without_a_version_folder_is_refused(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from stubhost.config import ModelConfig, config_to_dict
 from stubhost.host.background import iterate_in_background
 from stubhost.host.ensemble_wiring import check_wiring
 from stubhost.host.errors import InferenceError
+from stubhost.host.model_finder import ModelFinder
 from stubhost.host.versions import resolve_version
 from stubhost.host.inputs import RequestChecker
 from stubhost.host.labels import OutputClasses
@@ -111,7 +112,7 @@ class EnsembleModel:
 
     # ---- loading ---------------------------------------------------------------------------------
     @classmethod
-    def load(cls, model_dir: ModelDir, cfg: ModelConfig, versions: Sequence[int], lookup: ModelLookup,
+    def load(cls, model_dir: ModelDir, cfg: ModelConfig, versions: Sequence[int], lookup: ModelFinder,
              classes: OutputClasses) -> EnsembleModel:
         """Checks the wiring against the composing models as loaded now; raises InferenceError."""
         name = cfg.name

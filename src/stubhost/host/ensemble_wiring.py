@@ -8,13 +8,14 @@ Messages are Triton's; each failure is INVALID_ARG.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from stubhost.config import ModelConfig
 from stubhost.config.model_config_pb2 import DataType
 from stubhost.host.errors import InferenceError
+from stubhost.host.model_finder import ModelFinder
 
 
 @dataclass(frozen=True)
@@ -57,19 +58,17 @@ def _agree(known: _Tensor, seen: _Tensor, prefix: str) -> None:
                     f"while {_dims_text(seen.full_dims)} is inferred from model {seen.model}")
 
 
-def check_wiring(name: str, cfg: ModelConfig, steps: Sequence[Any], lookup: Callable[[str], Any]) -> bool:
+def check_wiring(name: str, cfg: ModelConfig, steps: Sequence[Any], lookup: ModelFinder) -> bool:
     """Checks the ensemble's steps (host.ensemble.EnsembleStep) against the loaded models `lookup`
     finds; returns whether a step is decoupled. Raises InferenceError (INVALID_ARG)."""
     batching = cfg.max_batch_size > 0
     tensors: dict[str, _Tensor] = {}
     for io in [*cfg.input, *cfg.output]:
         tensors.setdefault(io.name, _Tensor.of(io, batching, name, reshape=True))
-    models = []
-    for step in steps:
-        model = lookup(step.model)
-        if model is None:
-            raise _fail(f"ensemble '{name}' depends on '{step.model}' which has no loaded version.")
-        models.append(model)
+    models = [lookup(step.model) for step in steps]
+    missing = [step.model for step, model in zip(steps, models) if model is None]
+    if missing:
+        raise _fail(lookup.why_missing(name, missing))
     for step, model in zip(steps, models):
         config: ModelConfig = model.config
         if config.max_batch_size != 0 and config.max_batch_size < cfg.max_batch_size:

@@ -15,7 +15,7 @@ from pathlib import Path
 import stubhost
 from stubhost._core import IPCMessage
 from stubhost.config import ModelConfig
-from stubhost.host.ensemble import ModelLookup
+from stubhost.host.model_finder import ModelFinder
 from stubhost.host.errors import InferenceError
 from stubhost.host.execution_env import ENV_PARAMETER, ExecutionEnvError, ExecutionEnvs, env_path_of
 from stubhost.host.instance_spec import RestartPolicy
@@ -39,7 +39,7 @@ class LoadOptions:
     finalize_timeout_s: float = 30.0
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     on_call: Callable[[StubProcess, IPCMessage], None] | None = None  # serves stubs' BLS calls
-    lookup: ModelLookup | None = None  # the server's loaded models by name (ensembles run them)
+    lookup: ModelFinder | None = None  # the server's loaded models by name (ensembles run them)
     stub: StubSettings = field(default_factory=StubSettings)
     envs: ExecutionEnvs = field(default_factory=ExecutionEnvs)  # models' EXECUTION_ENV_PATH environments
     response_cache: ResponseCache | None = None  # the server's response cache (None: the server has none)

@@ -39,6 +39,7 @@ from stubhost.host.load_options import LoadOptions
 from stubhost.host.load_retry import load_model
 from stubhost.host.rate_limiter import RateLimiter, Resources
 from stubhost.host.model import LoadedModel
+from stubhost.host.model_finder import ModelFinder
 from stubhost.config import ModelConfig
 from stubhost.host.repository import (
     ModelDir,
@@ -106,7 +107,7 @@ class Server:
         self.custom_metrics = CustomMetrics()  # what models declare with pb_utils.MetricFamily
         self._bls = BlsService(self)
         self._options.on_call = self._bls.handler()
-        self._options.lookup = _lookup(weakref.ref(self))
+        self._options.lookup = ModelFinder(self)
         # Whether models may load and unload models (pb_utils.load_model): `stubhost serve` turns
         # it off unless --model-control-mode is explicit, as Triton does.
         self.allow_model_control = True
@@ -584,14 +585,6 @@ def _paths(repositories: str | os.PathLike[str] | Sequence[str | os.PathLike[str
     if not paths:
         raise ValueError("at least one model repository is needed")
     return paths
-
-
-def _lookup(server_ref: weakref.ref[Server]) -> Callable[[str], Any]:
-    """The loaded model of a name, for ensembles (weak: the server's options must not keep it alive)."""
-    def lookup(name: str) -> Any:
-        server = server_ref()
-        return None if server is None else server._models.get(name)
-    return lookup
 
 
 def _stop(model: LoadedModel) -> None:
