@@ -271,6 +271,21 @@ def test_a_composing_model_that_failed_to_load_is_named_with_its_error(tmp_path:
         assert "no such weights" in error
 
 
+def test_ensembles_that_run_each_other_fail_with_tritons_circular_dependency_text(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    double_model(repo)
+    vec_in, vec_out = [io("X", "TYPE_FP32", [-1])], [io("Y", "TYPE_FP32", [-1])]
+    write_ensemble(repo, "cyc_a", ensemble_config("cyc_a", vec_in, vec_out, [("cyc_b", {"X": "X"}, {"Y": "Y"})]))
+    write_ensemble(repo, "cyc_b", ensemble_config("cyc_b", vec_in, vec_out, [("cyc_a", {"X": "X"}, {"Y": "Y"})]))
+    write_ensemble(repo, "outside", ensemble_config("outside", vec_in, vec_out, [("cyc_a", {"X": "X"}, {"Y": "Y"})]))
+    with stubhost.Server(repo, exit_on_error=False) as server:
+        assert "circular dependency between ensembles: cyc_a -> ... -> cyc_b -> cyc_a" in server.load_errors["cyc_a"]
+        assert "circular dependency between ensembles: cyc_b -> ... -> cyc_a -> cyc_b" in server.load_errors["cyc_b"]
+        # one that runs the cycle without being in it loads beside it, and names the model it lacks
+        assert "ensemble 'outside' depends on 'cyc_a' which has no loaded version." in server.load_errors["outside"]
+        assert server.model_ready("double")
+
+
 def test_an_ensemble_without_a_version_folder_is_refused(tmp_path: Path) -> None:
     repo = tmp_path / "models"
     double_model(repo)
