@@ -22,7 +22,9 @@ ensemble whose composing model is unloaded is not ready and fails its requests w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Mapping, Sequence
@@ -42,6 +44,9 @@ from stubhost.host.regions import RegionDestination
 from stubhost.host.repository import ModelDir
 from stubhost.host.result import InferResponse
 from stubhost.host.stats import BACKEND, CANCELED, OTHER, ModelStatistics
+from stubhost.host.step_limiter import StepLimiter
+
+log = logging.getLogger("stubhost")
 
 ModelLookup = Callable[[str], Any]  # a loaded model by name (LoadedModel or EnsembleModel), or None
 
@@ -109,6 +114,8 @@ class EnsembleModel:
         self._inputs = [i["name"] for i in self.config_dict.get("input", [])]
         self._outputs = [o["name"] for o in self.config_dict.get("output", [])]
         self._consumed = {t for s in self.steps for t in s.inputs.values()}
+        limit = config.ensemble_scheduling.max_inflight_requests
+        self._limiters = [StepLimiter(name, s.index, limit) for s in self.steps] if limit else None
 
     # ---- loading ---------------------------------------------------------------------------------
     @classmethod
@@ -121,6 +128,9 @@ class EnsembleModel:
         decoupled = check_wiring(name, cfg, steps, lookup) or bool(cfg.model_transaction_policy.decoupled)
         if decoupled:  # as Triton shows it: an ensemble with a decoupled step streams
             cfg.model_transaction_policy.decoupled = True
+        if cfg.ensemble_scheduling.max_inflight_requests:
+            log.info("Ensemble model '%s' configured with max_inflight_requests: %d", name,
+                     cfg.ensemble_scheduling.max_inflight_requests)
         return cls(name, model_dir, cfg, versions, lookup, decoupled, classes=classes)
 
     # ---- the serving interface LoadedModel also has ------------------------------------------------
@@ -253,8 +263,10 @@ class EnsembleModel:
         version, call = self._accept(inputs, outputs, model_version, parameters, request_id, correlation_id, flags,
                                      priority, timeout_us, timeout, begin, trace)
         try:
-            async for produced in self._run(dict(inputs), frozenset(), call):
-                yield InferResponse(produced, {}, version, final=False)
+            # aclosing: a caller leaving early cancels the steps at once, not when the GC finds them.
+            async with contextlib.aclosing(self._run(dict(inputs), frozenset(), call)) as paths:
+                async for produced in paths:
+                    yield InferResponse(produced, {}, version, final=False)
         except InferenceError as e:
             self._failed(version, begin, BACKEND, e)
             # A failed step ends the stream with an error response, as a decoupled model's does.
@@ -340,14 +352,75 @@ class EnsembleModel:
                     break
                 step = ready[0]  # a decoupled step: every response of it goes on separately
                 finished.add(step.index)
-                async for produced in self._stream_step(step, tensors, call):
-                    async for result in self._run({**tensors, **produced}, frozenset(finished), call):
+                async with contextlib.aclosing(self._paths(step, tensors, frozenset(finished), call)) as paths:
+                    async for result in paths:
                         yield result
                 return
         finally:
             for future in running:
                 future.cancel()
         yield self._outputs_of(tensors, call)
+
+    async def _paths(self, step: EnsembleStep, tensors: Mapping[str, Any], done: frozenset[int],
+                     call: _Call) -> AsyncIterator[dict[str, Any]]:
+        """Runs decoupled `step` and, for each of its responses, the rest of the graph as a path of
+        its own. Paths run concurrently, beside the step that keeps answering, as Triton starts the
+        next steps of each response at once. Their results are yielded in the order of the step's
+        responses: a path's results wait for the paths before it to end (Triton keeps that order
+        when the next steps' models do; stubhost always keeps it). A failed path, or the step
+        failing, fails the whole."""
+        events: asyncio.Queue[tuple[str, int, Any]] = asyncio.Queue()
+        paths: list[asyncio.Future[None]] = []  # in the order of the step's responses
+
+        async def path(index: int, produced: dict[str, Any]) -> None:
+            try:
+                async with contextlib.aclosing(self._run({**tensors, **produced}, done, call)) as results:
+                    async for result in results:
+                        events.put_nowait(("result", index, result))
+            except Exception as e:
+                events.put_nowait(("error", index, e))
+            finally:
+                events.put_nowait(("path_end", index, None))
+
+        async def produce() -> None:
+            try:
+                async with contextlib.aclosing(self._stream_step(step, tensors, call)) as responses:
+                    async for produced in responses:
+                        paths.append(asyncio.ensure_future(path(len(paths), produced)))
+                events.put_nowait(("stream_end", -1, None))
+            except Exception as e:
+                events.put_nowait(("error", -1, e))
+
+        producer = asyncio.ensure_future(produce())
+        head, streaming = 0, True  # head: the path whose results go out as they come
+        held: dict[int, list[dict[str, Any]]] = {}
+        ended: set[int] = set()
+        try:
+            while streaming or head < len(paths):
+                kind, index, value = await events.get()
+                if kind == "error":
+                    raise value
+                if kind == "stream_end":
+                    streaming = False
+                elif kind == "result" and index == head:
+                    yield value
+                elif kind == "result":
+                    held.setdefault(index, []).append(value)
+                else:  # path_end: the next paths' held results go out
+                    ended.add(index)
+                    while head in ended:
+                        ended.discard(head)
+                        head += 1
+                        for result in held.pop(head, []):
+                            yield result
+        finally:
+            for task in (producer, *paths):
+                task.cancel()
+            await asyncio.gather(producer, *paths, return_exceptions=True)
+
+    def _limit(self, step: EnsembleStep) -> Any:
+        """The step's StepLimiter (max_inflight_requests), or a context that limits nothing."""
+        return contextlib.nullcontext() if self._limiters is None else self._limiters[step.index]
 
     def _ready(self, tensors: Mapping[str, Any], finished: set[int], running: Any) -> list[EnsembleStep]:
         """Steps not run nor running whose inputs all exist."""
@@ -396,9 +469,10 @@ class EnsembleModel:
 
     def _run_step_sync(self, step: EnsembleStep, tensors: Mapping[str, Any], call: _Call) -> dict[str, Any]:
         inputs, outputs = self._step_request(step, tensors, call)
-        response = self._model(step).infer(
-            inputs, outputs, step.version, call.parameters, call.request_id, call.remaining(), call.correlation_id,
-            call.flags, timeout_us=call.timeout_us, priority=call.priority)
+        with self._limit(step):
+            response = self._model(step).infer(
+                inputs, outputs, step.version, call.parameters, call.request_id, call.remaining(),
+                call.correlation_id, call.flags, timeout_us=call.timeout_us, priority=call.priority)
         return {step.outputs[name]: value for name, value in response.outputs.items() if name in step.outputs}
 
     def _step_request(self, step: EnsembleStep, tensors: Mapping[str, Any],
@@ -413,27 +487,29 @@ class EnsembleModel:
 
     async def _run_step(self, step: EnsembleStep, tensors: Mapping[str, Any], call: _Call) -> dict[str, Any]:
         inputs, outputs = self._step_request(step, tensors, call)
-        response = await self._model(step).infer_async(
-            inputs, outputs, step.version, call.parameters, call.request_id, call.remaining(), call.correlation_id,
-            call.flags, timeout_us=call.timeout_us, priority=call.priority,
-            trace=None if call.trace is None else call.trace.child(step.model))
+        async with self._limit(step):
+            response = await self._model(step).infer_async(
+                inputs, outputs, step.version, call.parameters, call.request_id, call.remaining(),
+                call.correlation_id, call.flags, timeout_us=call.timeout_us, priority=call.priority,
+                trace=None if call.trace is None else call.trace.child(step.model))
         return {step.outputs[name]: value for name, value in response.outputs.items() if name in step.outputs}
 
     async def _stream_step(self, step: EnsembleStep, tensors: Mapping[str, Any],
                            call: _Call) -> AsyncIterator[dict[str, Any]]:
         inputs, outputs = self._step_request(step, tensors, call)
-        responses = self._model(step).stream_async(
-            inputs, outputs, step.version, call.parameters, call.request_id, call.remaining(), call.correlation_id,
-            call.flags, timeout_us=call.timeout_us, priority=call.priority,
-            trace=None if call.trace is None else call.trace.child(step.model))
-        try:
-            async for response in responses:
-                if response.error is not None:
-                    raise response.error
-                if not response.empty:
-                    yield {step.outputs[n]: v for n, v in response.outputs.items() if n in step.outputs}
-        finally:
-            await responses.aclose()
+        async with self._limit(step):  # held until the step's final response
+            responses = self._model(step).stream_async(
+                inputs, outputs, step.version, call.parameters, call.request_id, call.remaining(),
+                call.correlation_id, call.flags, timeout_us=call.timeout_us, priority=call.priority,
+                trace=None if call.trace is None else call.trace.child(step.model))
+            try:
+                async for response in responses:
+                    if response.error is not None:
+                        raise response.error
+                    if not response.empty:
+                        yield {step.outputs[n]: v for n, v in response.outputs.items() if n in step.outputs}
+            finally:
+                await responses.aclose()
 
 
 def _batch_size(inputs: Mapping[str, Any]) -> int:
