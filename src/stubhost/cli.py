@@ -344,7 +344,7 @@ def serve(args: argparse.Namespace) -> int:
     service = InferenceService(server, model_control=server.allow_model_control,
                                strict_readiness=args.strict_readiness, server_id=args.id,
                                tracer=TraceManager(trace.level, trace.rate, trace.count, trace.log_frequency,
-                                                   trace.file))
+                                                   trace.file, opentelemetry=trace.opentelemetry))
     log_model_table(service)
     try:
         try:

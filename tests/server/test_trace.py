@@ -452,7 +452,7 @@ def run_serve(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("flag, message", [
-    ("mode=opentelemetry", "OpenTelemetry tracing is not supported"),
+    ("mode=jaeger", 'invalid value for trace mode option: jaeger. Available options are "triton" and "opentelemetry"'),
     ("rate=abc", 'Bad option: "--trace-config rate". Invalid option value. Got abc'),
     ("level=LOUD", 'Bad option: "--trace-config level". invalid value for trace level option: LOUD'),
 ])

@@ -38,25 +38,28 @@ class PreferredMemory:
 class InferenceTrace:
     """A request's trace, as ``request.trace()`` returns it and a BLS request takes it
     (``InferenceRequest(..., trace=request.trace())``): a BLS request made with the trace of a
-    traced request is traced as its child, as in Triton. stubhost traces in Triton's "triton" mode
-    only, so a trace carries no context: ``get_context()`` (an OpenTelemetry context) is None, as
-    Triton's is outside OpenTelemetry mode.
+    traced request is traced as its child, as in Triton. In the server's OpenTelemetry trace mode
+    ``get_context()`` is the request's span context as JSON (``{"traceparent": "00-..."}``), so
+    that the model can continue it in its own spans; otherwise None, as in Triton.
     """
 
-    __slots__ = ("_id",)
+    __slots__ = ("_context", "_id")
 
     def __init__(self) -> None:
         self._id = 0  # the server's trace id of the request (0: not traced)
+        self._context = ""
 
     @classmethod
-    def _of(cls, trace_id: int) -> InferenceTrace:
+    def _of(cls, trace_id: int, context: str = "") -> InferenceTrace:
         trace = cls()
         trace._id = trace_id
+        trace._context = context
         return trace
 
-    def get_context(self) -> str | None:
-        """The trace's OpenTelemetry context (JSON), or None: always None in stubhost."""
-        return None
+    def get_context(self, mode: str = "opentelemetry") -> str | None:
+        """The trace's OpenTelemetry context (JSON), or None when the request is not traced in
+        that mode."""
+        return self._context or None
 
 
 _UNTRACED = InferenceTrace()

@@ -452,12 +452,13 @@ class ModelInstance:
                        serial: int, trace: RequestTrace | None = None) -> int:
         """Writes a request record into the stub's pool; returns its handle. `serial` (from the
         process's ``next_serial``) names this request in a cancellation; a `trace`d request's
-        trace id goes with it (the model's BLS requests are traced as its children: bls.py)."""
+        trace id goes with it (the model's BLS requests are traced as its children: bls.py), and
+        its OpenTelemetry context after a space, in that mode (``request.trace().get_context()``)."""
         pool = process.pool
         trace_id = ""
         if trace is not None:
             process.traces[trace.id] = trace
-            trace_id = str(trace.id)
+            trace_id = f"{trace.id} {trace.context()}" if trace.spans is not None else str(trace.id)
         corr_int, corr_text = (correlation_id, "") if isinstance(correlation_id, int) else (0, correlation_id)
         if timeout_us is None:
             timeout_us = int(timeout * 1e6) if timeout is not None else 0

@@ -24,15 +24,21 @@ How stubhost's instants map onto Triton's timestamps:
 
 The stub's instants are untrusted, so they are clamped into the request's interval, and the
 queue instants into [begin, execute start], which keeps the timestamps in Triton's order.
+
+In the "opentelemetry" trace mode the same record becomes spans (server/trace_otel.py); a trace
+then also carries its span ids (:class:`SpanIds`), so that a model can read its request's
+context.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,7 +53,37 @@ TENSOR_BACKEND_OUTPUT = "TENSOR_BACKEND_OUTPUT"
 
 _ids = itertools.count(1)  # as Triton's trace ids: one sequence per server, from 1
 
-Sink = Callable[[list[bytes]], None]  # receives a finished trace's JSON objects
+Sink = Callable[["RequestTrace"], None]  # receives a finished trace (its root)
+
+
+@dataclass(frozen=True)
+class SpanIds:
+    """A trace's OpenTelemetry identity (opentelemetry trace mode): the trace id its spans share,
+    the id of its model span (what a model's ``request.trace().get_context()`` names), and, for
+    a request's own trace, the id of its ``InferRequest`` span and the client's span it continues
+    (``traceparent``), if any."""
+
+    trace_id: int
+    span_id: int
+    root_span_id: int = 0
+    remote_parent: tuple[int, int, int] | None = None  # (trace id, span id, trace flags) of the client's span
+
+    def traceparent(self) -> str:
+        """The W3C ``traceparent`` of the model span."""
+        return f"00-{self.trace_id:032x}-{self.span_id:016x}-01"
+
+    def child(self) -> SpanIds:
+        return SpanIds(self.trace_id, _span_id())
+
+
+def new_span_ids(remote_parent: tuple[int, int, int] | None = None) -> SpanIds:
+    """The identity of a request's own trace: the client's trace id when it sent one, else a new one."""
+    trace_id = remote_parent[0] if remote_parent is not None else random.getrandbits(128) or 1
+    return SpanIds(trace_id, _span_id(), _span_id(), remote_parent)
+
+
+def _span_id() -> int:
+    return random.getrandbits(64) or 1
 
 
 def level_names(level: int) -> list[str]:
@@ -61,18 +97,23 @@ class RequestTrace:
     one unit once its front end is done with it.
 
     ``hold``/``release`` count its users (the sampler holds it first): the last release hands
-    its JSON objects, grouped by trace id as Triton groups them, to the setting that sampled it.
+    the trace to the setting that sampled it, which writes its JSON objects (grouped by trace id
+    as Triton groups them) or exports its spans.
     """
 
-    __slots__ = ("id", "parent_id", "level", "model_name", "_root", "_entries", "_children", "_sink", "_refs",
-                 "_lock", "__weakref__")
+    __slots__ = ("id", "parent_id", "level", "model_name", "spans", "created", "_root", "_entries", "_children",
+                 "_sink", "_refs", "_lock", "__weakref__")
 
     def __init__(self, level: int, sink: Sink | None, model_name: str = "",
-                 parent: RequestTrace | None = None) -> None:
+                 parent: RequestTrace | None = None, spans: SpanIds | None = None) -> None:
         self.id = next(_ids)
         self.parent_id = parent.id if parent is not None else 0
         self.level = level
         self.model_name = model_name
+        # OpenTelemetry mode only: the trace's span ids, and when it was taken (monotonic and
+        # wall-clock ns: spans carry wall-clock times).
+        self.spans = spans if parent is None or parent.spans is None else parent.spans.child()
+        self.created = (time.monotonic_ns(), time.time_ns())
         self._root: RequestTrace = parent._root if parent is not None else self
         self._entries: list[dict[str, Any]] = []
         self._children: list[RequestTrace] = []
@@ -130,6 +171,19 @@ class RequestTrace:
             self._entries.append({"id": self.id, "activity": activity, "tensor": {
                 "name": name, "data": data, "shape": ",".join(str(int(d)) for d in shape), "dtype": datatype}})
 
+    def context(self) -> str:
+        """What a model's ``request.trace().get_context()`` returns: the OpenTelemetry context of
+        the request's model span as JSON, or "" outside OpenTelemetry mode."""
+        return "" if self.spans is None else '{"traceparent":"%s"}' % self.spans.traceparent()
+
+    def entries(self) -> list[dict[str, Any]]:
+        """What was recorded for this request (not its children), in order."""
+        return list(self._entries)
+
+    def children(self) -> list[RequestTrace]:
+        """The traces of the requests this one (a root) started, in the order they began."""
+        return list(self._children)
+
     def child(self, model_name: str = "") -> RequestTrace:
         """The trace of a request this one starts (an ensemble step): its own id, this one's as
         its ``parent_id``, written together with its root."""
@@ -154,7 +208,7 @@ class RequestTrace:
                 return
             sink, root._sink = root._sink, None
         if sink is not None:
-            sink(root.objects())
+            sink(root)
 
     def objects(self) -> list[bytes]:
         """The trace's JSON objects: this trace's, then each child's."""

@@ -225,10 +225,16 @@ class GrpcFrontend:
             response.settings[name].value.extend(value if isinstance(value, list) else [value])
         return response
 
-    def _sample(self, model_name: str) -> RequestTrace | None:
+    def _sample(self, model_name: str, context: Any) -> RequestTrace | None:
         """The trace of a request, when its trace setting samples it, with GRPC_WAITREAD_START
-        and GRPC_WAITREAD_END: both now, as grpcio hands a request over once it is read."""
-        trace = self.service.tracer.sample(model_name)
+        and GRPC_WAITREAD_END: both now, as grpcio hands a request over once it is read. In
+        OpenTelemetry mode it continues the client's span named by the call's ``traceparent``."""
+        tracer = self.service.tracer
+        if tracer.propagates:
+            metadata = dict(context.invocation_metadata() or ())
+            trace = tracer.sample(model_name, metadata.get("traceparent"), metadata.get("tracestate"))
+        else:
+            trace = tracer.sample(model_name)
         if trace is not None:
             trace.timestamp("GRPC_WAITREAD_START")
             trace.timestamp("GRPC_WAITREAD_END")
@@ -244,7 +250,7 @@ class GrpcFrontend:
                                              f"{e}") from None
 
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        trace = self._sample(request.model_name) if self.service.tracer.on else None
+        trace = self._sample(request.model_name, context) if self.service.tracer.on else None
         if trace is not None:  # written once the call has ended (its response sent, or not)
             sending: list[RequestTrace] = []
             context.add_done_callback(lambda _: _sent(sending[0]) if sending else trace.release())
@@ -257,13 +263,13 @@ class GrpcFrontend:
         return response
 
     async def _stream_one(self, request: pb.ModelInferRequest, out: asyncio.Queue[_Sending | None],
-                          forwarded: dict[str, str]) -> None:
+                          forwarded: dict[str, str], context: Any) -> None:
         """Streams the responses of one request of a ModelStreamInfer call into `out`. With the
         request parameter ``triton_enable_empty_final_response`` every response says whether it
         is the last (``triton_final_response``) and a final flag sent alone is sent too, as in
         Triton; without it, a final flag alone is not sent. A traced request's trace travels
         with each of its responses (GRPC_SEND_START/END around its sending)."""
-        trace = self._sample(request.model_name) if self.service.tracer.on else None
+        trace = self._sample(request.model_name, context) if self.service.tracer.on else None
 
         async def put(message: pb.ModelStreamInferResponse) -> None:
             if trace is not None:
@@ -324,7 +330,7 @@ class GrpcFrontend:
         forwarded = self._forwarded(context)
 
         async def run(request: pb.ModelInferRequest) -> None:
-            await self._stream_one(request, done, forwarded)
+            await self._stream_one(request, done, forwarded, context)
 
         async def read_all() -> None:
             try:

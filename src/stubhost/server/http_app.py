@@ -246,7 +246,11 @@ class HttpFrontend:
             self._method(method, "POST")
             self._guard(scope, "inference")
             tracer = service.tracer
-            trace = tracer.sample(name) if tracer.on else None
+            trace = None
+            if tracer.propagates:  # OpenTelemetry mode: the client's span, if it sent one
+                trace = tracer.sample(name, self._header(scope, b"traceparent"), self._header(scope, b"tracestate"))
+            elif tracer.on:
+                trace = tracer.sample(name)
             if trace is None:
                 await self._infer(scope, receive, send, name, version)
             else:

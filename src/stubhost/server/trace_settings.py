@@ -17,6 +17,11 @@ replaced by an update or the server stops, to ``<trace_file>`` (to ``<trace_file
 
 Front ends test ``TraceManager.on`` before sampling, so that with tracing off (the default)
 a request costs one attribute read.
+
+In the "opentelemetry" mode (server/trace_otel.py) a finished trace is exported as spans rather
+than written to a file, so no file is needed and ``log_frequency`` does nothing. A request that
+continues a client's span (a valid W3C ``traceparent``) is traced whatever the rate and the count
+left, as Triton traces it; ``trace_rate`` 0 then traces only such requests.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from stubhost.host.errors import InferenceError
-from stubhost.host.trace import LEVELS, RequestTrace, level_names
+from stubhost.host.trace import LEVELS, RequestTrace, level_names, new_span_ids
 from stubhost.option_numbers import StoiError, stoi
 from stubhost.server.trace_file import TraceFile
+from stubhost.server.trace_otel import OtelExporter, OtelSettings, remote_parent
 
-MODE = "triton"  # the one trace mode stubhost has
+TRITON, OPENTELEMETRY = "triton", "opentelemetry"  # the trace modes
 FIELDS = ("level", "rate", "count", "log_frequency", "file")
 MIN_TRACE_COUNT = -1
 _UINT32 = (1 << 32) - 1
@@ -43,18 +49,19 @@ class TraceSetting:
     names the fields set for it rather than taken from its fallback."""
 
     def __init__(self, level: int, rate: int, count: int, log_frequency: int, file: TraceFile,
-                 specified: frozenset[str] = frozenset()) -> None:
+                 specified: frozenset[str] = frozenset(), exporter: OtelExporter | None = None) -> None:
         self.level = level
         self.rate = rate
         self.count = count
         self.log_frequency = log_frequency
         self.file = file
         self.specified = specified
+        self.exporter = exporter  # opentelemetry mode: where finished traces go
         if level == 0:
             self.reason = "tracing is disabled"
-        elif rate == 0:
+        elif rate == 0 and exporter is None:
             self.reason = "sample rate must be non-zero"
-        elif not file.name:
+        elif not file.name and exporter is None:
             self.reason = "trace file name is not given"
         else:
             self.reason = ""
@@ -70,14 +77,25 @@ class TraceSetting:
         """Whether it may trace requests (a used-up count stops it too)."""
         return not self.reason and self.count != 0
 
+    def active(self) -> bool:
+        """Whether some request may be traced: by sampling, or (opentelemetry mode) because it
+        continues a client's span."""
+        return self.valid() or (self.exporter is not None and not self.reason)
+
     def value(self, field: str) -> Any:
         """A field's value (the file by its name)."""
         return self.file.name if field == "file" else getattr(self, field)
 
-    def take(self) -> bool:
-        """Whether the request it sees now is traced (every ``rate``-th, ``count`` times)."""
+    def take(self, forced: bool = False) -> bool:
+        """Whether the request it sees now is traced (every ``rate``-th, ``count`` times; a
+        `forced` one, which continues a client's span, always)."""
         with self._lock:
-            if self._retired or not self.valid():
+            if self._retired or self.reason:
+                return False
+            if forced:
+                self._live += 1
+                return True
+            if self.count == 0 or self.rate == 0:
                 return False
             self._seen += 1
             if self._seen % self.rate:
@@ -87,9 +105,16 @@ class TraceSetting:
             self._live += 1
             return True
 
-    def write(self, objects: list[bytes]) -> None:
-        """A trace taken under this setting is finished: gathers its objects, and saves what has
-        gathered when a condition of the module docstring holds."""
+    def write(self, trace: RequestTrace) -> None:
+        """A trace taken under this setting is finished: exports it (opentelemetry mode), or
+        gathers its objects and saves what has gathered when a condition of the module docstring
+        holds."""
+        if self.exporter is not None:
+            with self._lock:
+                self._live -= 1
+            self.exporter.export(trace)
+            return
+        objects = trace.objects()
         with self._lock:
             self._stream.extend(objects)
             self._in_stream += 1
@@ -109,7 +134,7 @@ class TraceSetting:
         once the traces still running are written."""
         with self._lock:
             self._retired = True
-            if self._live:
+            if self._live or self.exporter is not None:
                 return
             batch = self._drain()
         self.file.save(batch, self.log_frequency != 0)
@@ -123,19 +148,27 @@ class TraceManager:
     """The global and per-model trace settings of one server, and the sampling of requests.
 
     Built from the ``--trace-config`` values (server/trace_config.py); Triton's defaults are
-    level OFF, rate 1000, count -1, log frequency 0 and no file.
+    level OFF, rate 1000, count -1, log frequency 0 and no file, in the "triton" mode. With
+    `opentelemetry` settings, the mode is "opentelemetry": traces become spans (trace_otel.py).
     """
 
     def __init__(self, level: int = 0, rate: int = 1000, count: int = -1, log_frequency: int = 0,
-                 file: str = "") -> None:
+                 file: str = "", *, opentelemetry: OtelSettings | None = None) -> None:
+        self.mode = TRITON if opentelemetry is None else OPENTELEMETRY
+        self._exporter = None if opentelemetry is None else OtelExporter(opentelemetry)
         self._files: dict[str, TraceFile] = {}
         trace_file = self._file(file)
-        self._default = TraceSetting(level, rate, count, log_frequency, trace_file)  # what clearing returns to
-        self._global = TraceSetting(level, rate, count, log_frequency, trace_file)
+        self._default = self._setting(level, rate, count, log_frequency, trace_file)  # what clearing returns to
+        self._global = self._setting(level, rate, count, log_frequency, trace_file)
         self._models: dict[str, TraceSetting] = {}
         self._fallback_models: set[str] = set()  # models with fields that follow the global setting
         self._lock = threading.Lock()
-        self.on = self._global.valid()  # whether any setting may trace: front ends sample only then
+        self.on = self._global.active()  # whether any setting may trace: front ends sample only then
+        self.propagates = self._exporter is not None  # front ends pass the client's traceparent
+
+    def _setting(self, level: int, rate: int, count: int, log_frequency: int, file: TraceFile,
+                 specified: frozenset[str] = frozenset()) -> TraceSetting:
+        return TraceSetting(level, rate, count, log_frequency, file, specified, self._exporter)
 
     def _file(self, name: str) -> TraceFile:
         file = self._files.get(name)
@@ -144,21 +177,30 @@ class TraceManager:
         return file
 
     # ---- sampling --------------------------------------------------------------------------------
-    def sample(self, model_name: str) -> RequestTrace | None:
-        """The trace of a request to `model_name`, when its setting samples this one; else None."""
+    def sample(self, model_name: str, traceparent: str | None = None,
+               tracestate: str | None = None) -> RequestTrace | None:
+        """The trace of a request to `model_name`, when its setting samples this one; else None.
+        opentelemetry mode: a request with a valid W3C `traceparent` (its client's span) is
+        always traced, as a continuation of that span."""
         setting = self._models.get(model_name) or self._global
-        if not setting.take():
+        if self._exporter is None:
+            return RequestTrace(setting.level, setting.write, model_name) if setting.take() else None
+        remote = remote_parent(traceparent, tracestate) if setting.level else None
+        if not setting.take(remote is not None):
             return None
-        return RequestTrace(setting.level, setting.write, model_name)
+        return RequestTrace(setting.level, setting.write, model_name, spans=new_span_ids(remote))
 
     # ---- settings --------------------------------------------------------------------------------
     def settings(self, model_name: str = "") -> dict[str, Any]:
         """The settings in force for a model (its own, else the global ones) or, with no name,
         the global ones, in the trace extension's shape: strings, and a list for the level."""
         setting = self._models.get(model_name, self._global) if model_name else self._global
-        return {"trace_level": level_names(setting.level), "trace_rate": str(setting.rate),
-                "trace_count": str(setting.count), "log_frequency": str(setting.log_frequency),
-                "trace_file": setting.file.name, "trace_mode": MODE}
+        shown = {"trace_level": level_names(setting.level), "trace_rate": str(setting.rate),
+                 "trace_count": str(setting.count)}
+        if self._exporter is not None:  # no file in this mode; its own settings instead, as Triton shows them
+            return {**shown, "trace_mode": OPENTELEMETRY, **self._exporter.settings.shown()}
+        return {**shown, "log_frequency": str(setting.log_frequency), "trace_file": setting.file.name,
+                "trace_mode": TRITON}
 
     def update(self, model_name: str, changes: Mapping[str, Any]) -> None:
         """Applies `changes` (field -> value, or CLEAR) to a model's setting or, with no name, to
@@ -169,7 +211,7 @@ class TraceManager:
             if not model_name:
                 for name in sorted(self._fallback_models):
                     self._update(name, {}, strict=False)
-            self.on = self._global.valid() or any(s.valid() for s in self._models.values())
+            self.on = self._global.active() or any(s.active() for s in self._models.values())
 
     def _update(self, model_name: str, changes: Mapping[str, Any], strict: bool = True) -> None:
         """Triton's UpdateTraceSettingInternal. Not `strict` (a model following a global update):
@@ -196,8 +238,8 @@ class TraceManager:
             if old is not None:
                 old.retire()
             return
-        setting = TraceSetting(values["level"], values["rate"], values["count"], values["log_frequency"],
-                               self._file(values["file"]), frozenset(specified))
+        setting = self._setting(values["level"], values["rate"], values["count"], values["log_frequency"],
+                                self._file(values["file"]), frozenset(specified))
         if not setting.valid() and setting.level != 0:
             if not strict:
                 return
@@ -219,6 +261,8 @@ class TraceManager:
             self.on = False
             for setting in (self._global, *self._models.values()):
                 setting.retire()
+        if self._exporter is not None:
+            self._exporter.shutdown()
 
 
 # ---- the settings a client sends ------------------------------------------------------------------

@@ -62,7 +62,8 @@ def read_requests(pool: Pool, first: int, model_name: str, model_version: int,
                 if where is not None:
                     destinations[name] = where
             requested = names
-        trace = InferenceTrace._of(int(strings[3])) if strings[3].isdigit() else _UNTRACED
+        trace_id, _, context = strings[3].partition(" ")  # "<id>[ <OpenTelemetry context>]"
+        trace = InferenceTrace._of(int(trace_id), context) if trace_id.isdigit() else _UNTRACED
         request = InferenceRequest._from_stub(inputs, requested, strings[0], correlation, ints[0], ints[2],
                                               strings[1] or "{}", model_name, model_version, trace)
         request._destinations = destinations
