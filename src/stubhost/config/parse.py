@@ -3,31 +3,31 @@
 from __future__ import annotations
 
 import os
-import re
 
 from google.protobuf import text_format
 
 from stubhost.config.errors import ConfigError
 from stubhost.config.model_config_pb2 import ModelConfig
-
-# text_format prefixes its messages with "line:column : " when it knows the position.
-_POSITION_PREFIX = re.compile(r"^\d+:\d+ : ")
+from stubhost.config.parse_errors import triton_parse_problem
 
 
 def parse_config_text(text: str, source: str) -> ModelConfig:
     """Parses config.pbtxt text. ``source`` names the text in errors (normally the file's path).
 
     Parsing is strict, as Triton's is: an unknown field, a bad enum name or a non-repeated field
-    given twice is an error. Raises :class:`ConfigError` carrying the line and column the parser
-    reported.
+    given twice is an error. Raises :class:`ConfigError` (``parse_error=True``) worded as Triton
+    and C++ protobuf word it, with the line and column the parser reported.
     """
     config = ModelConfig()
     try:
         text_format.Parse(text, config)
-    except text_format.ParseError as exc:
-        line, column = exc.GetLine(), exc.GetColumn()
-        message = _POSITION_PREFIX.sub("", str(exc)) if line is not None else str(exc)
-        raise ConfigError(source, message, line=line, column=column) from None
+    except (text_format.ParseError, ValueError) as exc:
+        # ValueError: upb checks an enum number's range only as it stores it, outside the parser's
+        # own error handling, so that one arrives bare.
+        problem = triton_parse_problem(exc, text)
+        raise ConfigError(
+            source, problem.message, line=problem.line, column=problem.column, parse_error=True
+        ) from None
     return config
 
 
