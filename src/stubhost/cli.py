@@ -24,6 +24,7 @@ from typing import Any
 import uvicorn
 
 from stubhost.host.errors import InferenceError
+from stubhost.host.python_based import DEFAULT_BACKEND_DIRECTORY
 from stubhost.host.rate_limiter import EXECUTION_COUNT, parse_mode, parse_resource
 from stubhost.host.server import Server
 from stubhost.logs import UNESCAPED, add_log_arguments, configure_logging, flag_bool
@@ -84,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="how many models load at once")
     serve.add_argument("--model-load-retry-count", type=int, default=0, metavar="N",
                        help="how many more times a model whose load fails is tried before the load fails")
+    serve.add_argument("--backend-directory", default=DEFAULT_BACKEND_DIRECTORY, metavar="DIR",
+                       help="where Python-based backends live: <DIR>/<backend>/model.py")
     serve.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]KEY=VALUE",
                        help="e.g. python,shm-default-byte-size=16777216 (see docs/frontends.md)")
     serve.add_argument("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
@@ -124,7 +127,6 @@ def build_parser() -> argparse.ArgumentParser:
 # tritonserver flags with no counterpart in stubhost: accepted, so that a launch script written
 # for tritonserver starts unchanged, and reported at start-up with the reason.
 IGNORED_FLAGS = {
-    "--backend-directory": "the Python backend is built in",
     "--repoagent-directory": "repository agents are not supported",
     "--pinned-memory-pool-byte-size": "tensors cross in each stub's shared-memory pool",
     "--cuda-memory-pool-byte-size": "GPU memory is not pooled",
@@ -329,7 +331,7 @@ def serve(args: argparse.Namespace) -> int:
                         auto_complete_config=auto_complete, load_threads=args.model_load_thread_count,
                         model_load_retry_count=args.model_load_retry_count, metrics_config=metrics_config,
                         stub_settings=backend.stub, response_cache_bytes=cache.size,
-                        rate_limit=rate_limit, rate_limit_resources=resources,
+                        rate_limit=rate_limit, rate_limit_resources=resources, backend_directory=args.backend_directory,
                         poll_interval=args.repository_poll_secs if args.model_control_mode == "poll" else None)
     except (InferenceError, OSError, KeyboardInterrupt) as e:
         for sock in sockets.values():

@@ -369,8 +369,10 @@ def test_triton_to_numpy_type(server: stubhost.Server) -> None:
     assert obs["triton_to_numpy_type_invalid"] == "None"
 
 
-def test_get_model_dir_is_the_model_folder(server: stubhost.Server, repo: Path) -> None:
-    assert os.path.realpath(observe(server, "helpers")["model_dir"]) == os.path.realpath(repo / "observer")
+def test_get_model_dir_is_the_version_folder(server: stubhost.Server, repo: Path) -> None:
+    """As in Triton (the folder of the model file): where vLLM and TensorRT-LLM read their
+    model.json / engine config."""
+    assert os.path.realpath(observe(server, "helpers")["model_dir"]) == os.path.realpath(repo / "observer" / "1")
 
 
 def test_get_input_and_output_config_by_name(server: stubhost.Server) -> None:

@@ -86,8 +86,8 @@ CASES = {
     ),
     "foreign_backend": (
         PY.replace('"python"', '"onnxruntime"'),
-        "backend: unsupported backend 'onnxruntime' for m: stubhost serves 'python' backend models "
-        "and 'ensemble' platform models only",
+        "backend: unsupported backend 'onnxruntime' for m: stubhost serves 'python' backend models, "
+        "Python-based backends and 'ensemble' platform models only",
     ),
     "platform_without_backend": (
         PY.replace('backend: "python"', 'platform: "pytorch_libtorch"'),

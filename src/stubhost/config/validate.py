@@ -8,13 +8,19 @@ have messages of its own. Every error is a :class:`ConfigError` naming the file 
 from __future__ import annotations
 
 from stubhost.config._check import Check
-from stubhost.config.defaults import ENSEMBLE_PLATFORM, PYTHON_BACKEND
+from stubhost.config.defaults import DEFAULT_MODEL_FILENAME, ENSEMBLE_PLATFORM, PYTHON_BACKEND
 from stubhost.config.model_config_pb2 import ModelConfig, ModelInstanceGroup
 from stubhost.config.validate_io import validate_io
 from stubhost.config.validate_scheduling import validate_scheduling
 from stubhost.config.validate_warmup import validate_warmup
 
 Kind = ModelInstanceGroup.Kind
+
+
+def unsupported_backend(backend: str, name: str) -> str:
+    """The refusal of a model whose backend is neither the Python backend nor a Python-based one."""
+    return (f"unsupported backend '{backend}' for {name}: stubhost serves '{PYTHON_BACKEND}' backend models, "
+            f"Python-based backends and '{ENSEMBLE_PLATFORM}' platform models only")
 
 
 def validate_config(cfg: ModelConfig, *, model_dir_name: str, source: str) -> None:
@@ -29,7 +35,8 @@ def validate_config(cfg: ModelConfig, *, model_dir_name: str, source: str) -> No
 
     - ``name`` is non-empty and equals the folder name.
     - A ``platform: "ensemble"`` model has no ``backend``; any other model has ``backend:
-      "python"`` and no ``platform``.
+      "python"``, or another backend with ``runtime: "model.py"`` (a Python-based backend, as
+      host/python_based.py resolves it), and no ``platform``.
     - ``max_batch_size`` >= 0; a ``version_policy`` is set and ``specific`` versions are > 0.
     - ``default_model_filename`` is a plain file name (no folders, no ``..``).
     - The scheduler sections (see :mod:`stubhost.config.validate_scheduling`).
@@ -79,12 +86,8 @@ def _validate_identity(cfg: ModelConfig, model_dir_name: str, check: Check) -> N
         return
     if not cfg.backend:
         check.fail("backend", f"unexpected platform type '{cfg.platform}' for {name}")
-    if cfg.backend != PYTHON_BACKEND:
-        check.fail(
-            "backend",
-            f"unsupported backend '{cfg.backend}' for {name}: stubhost serves '{PYTHON_BACKEND}' "
-            f"backend models and '{ENSEMBLE_PLATFORM}' platform models only",
-        )
+    if cfg.backend != PYTHON_BACKEND and cfg.runtime != DEFAULT_MODEL_FILENAME:  # not a Python-based backend
+        check.fail("backend", unsupported_backend(cfg.backend, name))
     if cfg.platform:
         check.fail(
             "platform",

@@ -4,6 +4,7 @@ Initialize call that turns a started stub into a loaded model."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,7 @@ class InstanceSpec:
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     on_call: Callable[[StubProcess, IPCMessage], None] | None = None  # serves the stub's BLS calls
     stub: StubSettings = field(default_factory=StubSettings)
+    python_based: bool = False  # model_file is a Python-based backend's model.py (host/python_based.py)
 
     @property
     def decoupled(self) -> bool:
@@ -67,7 +69,14 @@ class InstanceSpec:
 
     def load_payload(self) -> dict[str, Any]:
         """What the stub needs to import the model file."""
-        return {"model_file": self.model_file, "model_dir": self.model_dir}
+        return load_payload(self.model_file, self.model_dir, self.version, self.python_based)
+
+
+def load_payload(model_file: str, model_dir: str, version: int, python_based: bool) -> dict[str, Any]:
+    """What a stub needs to import a model file: the file, how to import it (a Python-based
+    backend's as the top-level module ``model``) and what ``pb_utils.get_model_dir()`` answers
+    (the version folder, as in Triton)."""
+    return {"model_file": model_file, "version_dir": os.path.join(model_dir, str(version)), "top_level": python_based}
 
 
 def load_error(spec: InstanceSpec, e: BaseException) -> InferenceError:

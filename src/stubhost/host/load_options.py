@@ -19,6 +19,7 @@ from stubhost.host.model_finder import ModelFinder
 from stubhost.host.errors import InferenceError
 from stubhost.host.execution_env import ENV_PARAMETER, ExecutionEnvError, ExecutionEnvs, env_path_of
 from stubhost.host.instance_spec import RestartPolicy
+from stubhost.host.python_based import DEFAULT_BACKEND_DIRECTORY
 from stubhost.host.rate_limiter import RateLimiter
 from stubhost.host.response_cache import ResponseCache
 from stubhost.host.stats import LatencySummary
@@ -45,6 +46,7 @@ class LoadOptions:
     response_cache: ResponseCache | None = None  # the server's response cache (None: the server has none)
     rate_limiter: RateLimiter | None = None  # the server's rate limiter (None: --rate-limit off)
     load_retry_count: int = 0  # attempts after a failed one before a load fails (--model-load-retry-count)
+    backend_directory: str = DEFAULT_BACKEND_DIRECTORY  # where Python-based backends live (--backend-directory)
     # makes each latency summary of a model version (None: none kept; --metrics-config summary_latencies)
     latency_summary: Callable[[], LatencySummary] | None = None
 

@@ -40,12 +40,13 @@ from stubhost.host.errors import InferenceError
 from stubhost.host.versions import resolve_version
 from stubhost.host.inputs import RequestChecker
 from stubhost.host.instance import InstanceState, ModelInstance, RequestStream
-from stubhost.host.instance_spec import InstanceSpec, load_error
+from stubhost.host.instance_spec import InstanceSpec, load_error, load_payload
 from stubhost.host.load_options import LoadOptions
 from stubhost.host.labels import OutputClasses, read_output_classes
 from stubhost.host.rate_limiter import ModelLimits, RateLimiter
 from stubhost.host.streams import StreamItem
 from stubhost.host.stream_tally import StreamTally
+from stubhost.host.python_based import backend_model_file
 from stubhost.host.repository import ModelDir, model_file
 from stubhost.host.regions import RegionDestination
 from stubhost.host.retirement import Retirable
@@ -76,9 +77,9 @@ def _load_ensemble(model_dir: ModelDir, cfg: ModelConfig, source: str, options: 
     return ensemble
 
 
-def _auto_complete(process: StubProcess, cfg: ModelConfig, file: Path, model_dir: ModelDir, source: str,
-                   timeout: float) -> ModelConfig:
-    payload = {"model_file": str(file), "model_dir": str(model_dir.path), "config": config_to_dict(cfg)}
+def _auto_complete(process: StubProcess, cfg: ModelConfig, file: Path, version: int, python_based: bool,
+                   model_dir: ModelDir, source: str, timeout: float) -> ModelConfig:
+    payload = {**load_payload(str(file), str(model_dir.path), version, python_based), "config": config_to_dict(cfg)}
     reply = process.call(Command.AUTO_COMPLETE_REQUEST, write_payload(process.pool, payload), timeout)
     if not isinstance(reply, dict) or "config" not in reply:
         raise StubCallError("auto_complete_config answered without a configuration")
@@ -165,9 +166,10 @@ class LoadedModel(Retirable):
                                           f"model '{name}'")
             if cfg.platform == ENSEMBLE_PLATFORM:
                 return _load_ensemble(model_dir, cfg, source, options)
-            first_file = model_file(model_dir, versions[-1], cfg)
-        except (ConfigError, ValueError) as e:
-            raise InferenceError("INVALID_ARG", str(e)) from None
+            backend_file = backend_model_file(cfg, name, options.backend_directory, source)
+            first_file = backend_file or model_file(model_dir, versions[-1], cfg)
+        except (ConfigError, ValueError) as e:  # a config.pbtxt that does not parse is Triton's INTERNAL
+            raise InferenceError("INTERNAL" if getattr(e, "parse_error", False) else "INVALID_ARG", str(e)) from None
         python, env = options.stub_launch(cfg, model_dir.path)
         try:
             first = StubProcess(f"{name}_0_0", python=python, env=env, settings=options.stub,
@@ -176,14 +178,15 @@ class LoadedModel(Retirable):
             raise InferenceError("INTERNAL", f"failed to load '{name}': cannot start its stub: {e}") from None
         try:
             if options.auto_complete:
-                cfg = _auto_complete(first, cfg, first_file, model_dir, source, options.init_timeout_s)
+                cfg = _auto_complete(first, cfg, first_file, versions[-1], backend_file is not None, model_dir, source,
+                                     options.init_timeout_s)
             fill_defaults(cfg, name, available_gpus=device_ids())
             validate_config(cfg, model_dir_name=name, source=source)
             versions = select_versions(cfg, model_dir.versions)
             if not versions:
                 raise ConfigError(source, f"at least one version must be available under the version policy of "
                                           f"model '{name}'")
-            specs = cls._instance_specs(name, model_dir, cfg, versions, options, python, env)
+            specs = cls._instance_specs(name, model_dir, cfg, versions, options, python, env, backend_file)
             classes = read_output_classes(model_dir.path, cfg, source)
         except (ConfigError, ValueError) as e:
             first.close()
@@ -198,11 +201,13 @@ class LoadedModel(Retirable):
 
     @staticmethod
     def _instance_specs(name: str, model_dir: ModelDir, cfg: ModelConfig, versions: Sequence[int],
-                        options: LoadOptions, python: str | None, env: dict[str, str]) -> list[InstanceSpec]:
+                        options: LoadOptions, python: str | None, env: dict[str, str],
+                        backend_file: Path | None = None) -> list[InstanceSpec]:
+        """`backend_file`: the model.py of the Python-based backend that serves every version."""
         config_dict = config_to_dict(cfg)
         specs = []
         for version in versions:
-            file = str(model_file(model_dir, version, cfg))
+            file = str(backend_file or model_file(model_dir, version, cfg))
             for group in cfg.instance_group:
                 for kind, device_id, index in instance_placements(group, model_dir):
                     specs.append(InstanceSpec(
@@ -210,7 +215,7 @@ class LoadedModel(Retirable):
                         device_id=device_id, model_file=file, model_dir=str(model_dir.path), config=config_dict,
                         python=python, env=env, init_timeout_s=options.init_timeout_s,
                         finalize_timeout_s=options.finalize_timeout_s, restart=options.restart,
-                        on_call=options.on_call, stub=options.stub))
+                        on_call=options.on_call, stub=options.stub, python_based=backend_file is not None))
         return specs
 
     @classmethod

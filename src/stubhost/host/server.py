@@ -36,6 +36,7 @@ from stubhost.host.errors import InferenceError, UnknownModelError
 from stubhost.host.instance_spec import RestartPolicy
 from stubhost.host.labels import OutputClasses
 from stubhost.host.load_options import LoadOptions
+from stubhost.host.python_based import DEFAULT_BACKEND_DIRECTORY
 from stubhost.host.load_retry import load_model
 from stubhost.host.rate_limiter import RateLimiter, Resources
 from stubhost.host.model import LoadedModel
@@ -90,7 +91,8 @@ class Server:
                  poll_interval: float | None = None, load_threads: int = 8,
                  stub_settings: StubSettings | None = None, response_cache_bytes: int | None = None,
                  model_load_retry_count: int = 0, metrics_config: MetricsConfig | None = None,
-                 rate_limit: str = "off", rate_limit_resources: Resources = ()) -> None:
+                 rate_limit: str = "off", rate_limit_resources: Resources = (),
+                 backend_directory: str | os.PathLike[str] = DEFAULT_BACKEND_DIRECTORY) -> None:
         self.repositories = _paths(model_repository)
         self.repository = self.repositories[0]
         policy = restart if isinstance(restart, RestartPolicy) else RestartPolicy(enabled=bool(restart))
@@ -99,7 +101,7 @@ class Server:
                                     finalize_timeout_s=finalize_timeout, restart=policy,
                                     stub=stub_settings or StubSettings(),
                                     response_cache=ResponseCache.of(response_cache_bytes),
-                                    load_retry_count=model_load_retry_count,
+                                    load_retry_count=model_load_retry_count, backend_directory=str(backend_directory),
                                     rate_limiter=RateLimiter.create(rate_limit, rate_limit_resources),
                                     latency_summary=metrics_config.summary_factory() if metrics_config else None)
         self.metrics_config = metrics_config

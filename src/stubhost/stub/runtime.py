@@ -265,8 +265,8 @@ class StubRuntime:
     def load(self, payload: dict[str, Any]) -> ModuleType:
         """Imports the model file once (auto-complete and initialize share the module)."""
         if self.module is None:
-            pb_helpers.set_model_dir(payload["model_dir"])
-            self.module = load_model_module(payload["model_file"])
+            pb_helpers.set_model_dir(payload["version_dir"])
+            self.module = load_model_module(payload["model_file"], top_level=bool(payload.get("top_level")))
             if not hasattr(self.module, "TritonPythonModel"):
                 raise AttributeError(f"'{payload['model_file']}' does not define class TritonPythonModel")
         return self.module
