@@ -37,13 +37,13 @@ def test_a_model_in_two_repositories_is_refused(tmp_path: Path) -> None:
     constant_model(first, "a", 1)
     constant_model(second, "a", 2)
     constant_model(second, "b", 3)
-    with pytest.raises(stubhost.InferenceError, match="more than one model repository"):
+    with pytest.raises(stubhost.InferenceError, match="not unique across all model repositories"):
         stubhost.Server([first, second])
     with stubhost.Server([first, second], exit_on_error=False) as server:
         assert server.models() == ["b"]
-        assert "more than one model repository" in server.load_errors["a"]
+        assert "model appears in two or more repositories" in server.load_errors["a"]
         assert not server.ready()
-        with pytest.raises(stubhost.InferenceError, match="more than one model repository"):
+        with pytest.raises(stubhost.InferenceError, match="not unique across all model repositories"):
             server.load("a")
 
 

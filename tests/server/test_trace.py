@@ -534,3 +534,21 @@ def test_an_update_writes_what_the_replaced_setting_gathered(tmp_path: Path) -> 
     assert [_trace_one(manager, "m") for _ in range(4)] == [False, True, False, True]
     manager.close()
     assert len(read_traces(trace_file)) == 4
+
+
+def test_generate_requests_are_traced(repo: Path, tmp_path: Path) -> None:
+    """The generate extension's requests are sampled and traced as /infer's are, with the same
+    timestamps, in both of its forms."""
+    import urllib.request
+    trace_file = tmp_path / "trace.json"
+    body = json.dumps({"INPUT0": [1, 2, 3, 4], "INPUT1": [1, 1, 1, 1]}).encode()
+    with ServeProcess(repo, "--trace-config", f"triton,file={trace_file}", "--trace-config", "level=TIMESTAMPS",
+                      "--trace-config", "rate=1") as srv:
+        for endpoint in ("generate", "generate_stream"):
+            url = f"http://{srv.http_url}/v2/models/add_sub/{endpoint}"
+            with urllib.request.urlopen(urllib.request.Request(url, data=body, method="POST"), timeout=30) as reply:
+                assert b"OUTPUT0" in reply.read()
+    traces = [t for t in read_traces(trace_file).values() if t["model"] is not None]
+    assert len(traces) == 2 and {t["model"]["model_name"] for t in traces} == {"add_sub"}
+    for trace in traces:
+        assert_in_order(trace, HTTP_ORDER)

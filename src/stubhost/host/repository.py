@@ -78,8 +78,10 @@ def scan_repositories(paths: Iterable[str | os.PathLike[str]]) -> tuple[dict[str
     for path in paths:
         for name, found in scan_repository(path).items():
             if name in models:
-                duplicates[name] = (f"failed to load '{name}': the model appears in more than one model "
-                                    f"repository ('{models[name].path.parent}' and '{found.path.parent}')")
+                # Triton's log line, then its index reason: users grep for either.
+                duplicates[name] = (f"failed to poll model '{name}': not unique across all model repositories "
+                                    f"(model appears in two or more repositories: '{models[name].path.parent}' "
+                                    f"and '{found.path.parent}')")
             else:
                 models[name] = found
     for name in duplicates:

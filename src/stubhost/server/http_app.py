@@ -245,20 +245,21 @@ class HttpFrontend:
         if action == "infer":
             self._method(method, "POST")
             self._guard(scope, "inference")
-            tracer = service.tracer
-            trace = None
-            if tracer.propagates:  # OpenTelemetry mode: the client's span, if it sent one
-                trace = tracer.sample(name, self._header(scope, b"traceparent"), self._header(scope, b"tracestate"))
-            elif tracer.on:
-                trace = tracer.sample(name)
+            trace = self._sample(scope, name) if service.tracer.on else None
             if trace is None:
                 await self._infer(scope, receive, send, name, version)
             else:
-                await self._traced_infer(scope, receive, send, name, version, trace)
+                await self._traced(self._infer, scope, receive, send, name, version, trace)
         elif action in ("generate", "generate_stream"):
             self._method(method, "POST")
             self._guard(scope, "inference")
-            await self._generate(scope, receive, send, name, version, stream=action == "generate_stream")
+            stream = action == "generate_stream"
+            trace = self._sample(scope, name) if service.tracer.on else None
+            if trace is None:
+                await self._generate(scope, receive, send, name, version, stream=stream)
+            else:
+                await self._traced(functools.partial(self._generate, stream=stream), scope, receive, send, name,
+                                   version, trace)
         elif action == "":
             self._method(method, "GET")
             self._guard(scope, "metadata")
@@ -278,10 +279,19 @@ class HttpFrontend:
         else:
             raise HttpError(404, "Not Found")
 
-    async def _traced_infer(self, scope: Scope, receive: Receive, send: Send, name: str, version: str,
-                            trace: RequestTrace) -> None:
-        """``_infer`` of a sampled request: HTTP_RECV_START now, HTTP_SEND_START/END around the
-        reply; the trace is written once the reply is sent (or has failed)."""
+    def _sample(self, scope: Scope, name: str) -> RequestTrace | None:
+        """The trace of a request to `name`, when its trace setting samples it; in OpenTelemetry
+        mode, continuing the client's span (its ``traceparent`` header), if it sent one."""
+        tracer = self.service.tracer
+        if tracer.propagates:
+            return tracer.sample(name, self._header(scope, b"traceparent"), self._header(scope, b"tracestate"))
+        return tracer.sample(name)
+
+    async def _traced(self, handler: Any, scope: Scope, receive: Receive, send: Send, name: str, version: str,
+                      trace: RequestTrace) -> None:
+        """`handler` (``_infer`` or ``_generate``) for a sampled request: HTTP_RECV_START now,
+        HTTP_SEND_START/END around the reply; the trace is written once the reply is sent (or has
+        failed)."""
         trace.timestamp("HTTP_RECV_START")
 
         async def traced_send(message: dict[str, Any]) -> None:
@@ -292,7 +302,7 @@ class HttpFrontend:
                 trace.timestamp("HTTP_SEND_END")
 
         try:
-            await self._infer(scope, receive, traced_send, name, version, trace)
+            await handler(scope, receive, traced_send, name, version, trace=trace)
         finally:
             trace.release()
 
@@ -341,15 +351,17 @@ class HttpFrontend:
             await self._reply(send, 200, bytes(chunks[0]), headers, more=chunks[1:])
 
     async def _generate(self, scope: Scope, receive: Receive, send: Send, name: str, version: str,
-                        stream: bool) -> None:
+                        stream: bool, trace: RequestTrace | None = None) -> None:
         """The generate extension: one JSON response, or (``stream``) one SSE event per response.
         An error before the first response is a plain JSON error with its status; a client that
-        goes away cancels the request."""
+        goes away cancels the request. `trace`: the request is traced."""
         body = await self._read_body(scope, receive)
+        if trace is not None:
+            trace.timestamp("HTTP_RECV_END")
         body = _decompress(body, self._header(scope, b"content-encoding"), self.max_body)
         inputs = self.service.model_metadata(name, version)["inputs"]
         request = generate.decode_generate_request(name, version, body, inputs)
-        events = self.service.infer_stream(request)
+        events = self.service.infer_stream(request, trace)
         if not stream:
             await self._generate_once(send, events, name)
             return
