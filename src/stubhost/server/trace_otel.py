@@ -26,6 +26,7 @@ SDK's BatchSpanProcessor to its OTLP/HTTP (protobuf) exporter. The packages are 
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ SCOPE = "triton-server"
 ROOT_SPAN = "InferRequest"
 COMPUTE_SPAN = "compute"
 _COMPUTE_EVENTS = ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END")
+SHUTDOWN_WAIT_S = 2.0
 MISSING_PACKAGES = ("OpenTelemetry tracing needs the packages opentelemetry-sdk and "
                     "opentelemetry-exporter-otlp-proto-http: pip install 'stubhost[otel]'")
 
@@ -113,8 +115,12 @@ class OtelExporter:
             self._processor.on_end(span)
 
     def shutdown(self) -> None:
-        """Exports what is queued, then stops."""
-        self._processor.shutdown()
+        """Exports what is queued, then stops; waits SHUTDOWN_WAIT_S at most, so that a collector
+        that cannot be reached (the exporter retries for seconds) does not hold up the server's
+        stop: what is not sent by then is lost."""
+        stopping = threading.Thread(target=self._processor.shutdown, name="stubhost-otel-shutdown", daemon=True)
+        stopping.start()
+        stopping.join(SHUTDOWN_WAIT_S)
 
     # ---- building spans --------------------------------------------------------------------------
     def spans(self, root: RequestTrace) -> list[Any]:
