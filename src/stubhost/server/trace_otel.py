@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stubhost.host.trace import RequestTrace
+from stubhost.host.trace import TIMESTAMPS, RequestTrace
 
 DEFAULT_URL = "http://localhost:4318/v1/traces"
 SCOPE = "triton-server"
@@ -110,7 +110,11 @@ class OtelExporter:
             max_export_batch_size=min(settings.bsp_max_export_batch_size, settings.bsp_max_queue_size))
 
     def export(self, root: RequestTrace) -> None:
-        """Queues the spans of a finished trace (and of the requests it started) for export."""
+        """Queues the spans of a finished trace (and of the requests it started) for export;
+        a trace taken without the TIMESTAMPS level recorded nothing, and gives no span, as in
+        Triton."""
+        if not root.level & TIMESTAMPS:
+            return
         for span in self.spans(root):
             self._processor.on_end(span)
 
