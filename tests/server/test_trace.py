@@ -34,8 +34,9 @@ from stubhost.server.trace_settings import TraceManager
 # Triton's order of a request's timestamps (each front end adds its own around the core's).
 CORE = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
         "COMPUTE_END", "REQUEST_END"]
-HTTP_ORDER = ["HTTP_RECV_START", "HTTP_RECV_END", *CORE, "HTTP_SEND_START", "HTTP_SEND_END"]
-GRPC_ORDER = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *CORE, "GRPC_SEND_START", "GRPC_SEND_END"]
+HTTP_ORDER = ["HTTP_RECV_START", "HTTP_RECV_END", *CORE, "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START", "HTTP_SEND_END"]
+GRPC_ORDER = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *CORE, "INFER_RESPONSE_COMPLETE", "GRPC_SEND_START",
+              "GRPC_SEND_END"]
 FIELDS = ("trace_level", "trace_rate", "trace_count", "log_frequency", "trace_file", "trace_mode")
 CLEAR_ALL = {"trace_level": None, "trace_rate": None, "trace_count": None, "log_frequency": None}
 
@@ -291,7 +292,7 @@ def test_trace_file_of_every_kind_of_request(repo: Path, tmp_path: Path) -> None
     parent = ensemble[0]
     assert "parent_id" not in parent["model"]
     assert_in_order(parent, ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START", "REQUEST_END",
-                             "HTTP_SEND_START", "HTTP_SEND_END"])
+                             "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START", "HTTP_SEND_END"])
     for step in steps:
         assert step["model"]["parent_id"] == parent["model"]["id"]
         assert_in_order(step, CORE)
@@ -303,6 +304,7 @@ def test_trace_file_of_every_kind_of_request(repo: Path, tmp_path: Path) -> None
     stamps = s1["timestamps"]
     assert [stamps[name][0] for name in CORE] == sorted(stamps[name][0] for name in CORE)
     assert len(stamps["GRPC_SEND_START"]) == len(stamps["GRPC_SEND_END"]) == 3  # one per response
+    assert len(stamps["INFER_RESPONSE_COMPLETE"]) == 3
     assert stamps["GRPC_WAITREAD_END"][0] <= stamps["REQUEST_START"][0] <= min(stamps["GRPC_SEND_START"])
     assert all(start <= end for start, end in zip(stamps["GRPC_SEND_START"], stamps["GRPC_SEND_END"]))
 

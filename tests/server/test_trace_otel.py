@@ -38,8 +38,9 @@ SPAN_ID = "b7ad6b7169242424"
 TRACEPARENT = f"00-{TRACE_ID}-{SPAN_ID}-01"
 MODEL_EVENTS = {"REQUEST_START", "QUEUE_START", "REQUEST_END"}
 COMPUTE_EVENTS = {"COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"}
-HTTP_EVENTS = {"HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END"}
-GRPC_EVENTS = {"GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "GRPC_SEND_START", "GRPC_SEND_END"}
+HTTP_EVENTS = {"HTTP_RECV_START", "HTTP_RECV_END", "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START", "HTTP_SEND_END"}
+GRPC_EVENTS = {"GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "INFER_RESPONSE_COMPLETE", "GRPC_SEND_START",
+               "GRPC_SEND_END"}
 
 CONTEXT_PY = """
 import numpy as np
@@ -166,7 +167,7 @@ def check_plain(spans: list[dict[str, Any]], model: str, front_events: set[str],
     assert sorted(s["name"] for s in spans) == sorted(["InferRequest", model, "compute"]), spans
     [root], [span], [compute] = by_name(spans, "InferRequest"), by_name(spans, model), by_name(spans, "compute")
     assert span["parent"] == root["span_id"] and compute["parent"] == span["span_id"]
-    assert set(root["events"]) >= front_events, root["events"]
+    assert set(root["events"]) == front_events, root["events"]
     assert set(span["events"]) == MODEL_EVENTS and set(compute["events"]) == COMPUTE_EVENTS
     assert span["attributes"]["triton.model_name"] == model
     assert span["attributes"]["triton.model_version"] == 1

@@ -279,6 +279,7 @@ class InferenceService:
         try:
             response = await self.server.infer_response_async(request.model_name, **self._call(request, leases, trace))
             if trace is not None:
+                trace.timestamp("INFER_RESPONSE_COMPLETE")  # the front end has the response
                 trace_outputs(trace, response.outputs)
             outputs = self._outputs(request, response.outputs, leases)
             return InferResult(request.model_name, str(response.model_version), request.id,
@@ -301,6 +302,8 @@ class InferenceService:
             responses = self.server.stream_responses_async(request.model_name, **self._call(request, leases, trace))
             try:
                 async for response in responses:
+                    if trace is not None and (response.error is not None or not response.empty):
+                        trace.timestamp("INFER_RESPONSE_COMPLETE")  # each response the front end gets
                     if response.error is not None:
                         yield StreamEvent(None, response.error, response.final)
                     elif response.empty:
