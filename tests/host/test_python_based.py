@@ -131,3 +131,21 @@ def test_a_backend_that_cannot_be_found_fails_the_load_with_tritons_words(tmp_pa
     with stubhost.Server(repo, backend_directory=backends, exit_on_error=False) as server:
         assert words.format(backends=backends) in server.load_errors["m"]
         assert not server.model_ready("m")
+
+
+def test_an_environment_next_to_the_backend_is_its_models_default(tmp_path: Path) -> None:
+    """Triton sets EXECUTION_ENV_PATH to <backend>/pb_exec_env_model.py.tar.gz for the models
+    that name none; a model's own setting is kept."""
+    from stubhost.config import ModelConfig
+    from stubhost.host.python_based import backend_model_file
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "model.py").write_text(BACKEND_PY)
+    environment = tmp_path / "b" / "pb_exec_env_model.py.tar.gz"
+    environment.write_bytes(b"")
+    plain, own = ModelConfig(backend="b"), ModelConfig(backend="b")
+    own.parameters["EXECUTION_ENV_PATH"].string_value = "$$TRITON_MODEL_DIRECTORY/env.tar.gz"
+    assert backend_model_file(plain, "m", tmp_path, "m/config.pbtxt") == tmp_path / "b" / "model.py"
+    assert plain.runtime == "model.py"
+    assert plain.parameters["EXECUTION_ENV_PATH"].string_value == str(environment)
+    backend_model_file(own, "m", tmp_path, "m/config.pbtxt")
+    assert own.parameters["EXECUTION_ENV_PATH"].string_value == "$$TRITON_MODEL_DIRECTORY/env.tar.gz"
