@@ -47,6 +47,7 @@ from stubhost.host.stats import BACKEND, CANCELED, OTHER, ModelStatistics
 from stubhost.host.step_limiter import StepLimiter
 
 log = logging.getLogger("stubhost")
+_NO_LIMIT = contextlib.nullcontext()  # reusable, with and async with alike: a step without max_inflight_requests
 
 ModelLookup = Callable[[str], Any]  # a loaded model by name (LoadedModel or EnsembleModel), or None
 
@@ -420,7 +421,7 @@ class EnsembleModel:
 
     def _limit(self, step: EnsembleStep) -> Any:
         """The step's StepLimiter (max_inflight_requests), or a context that limits nothing."""
-        return contextlib.nullcontext() if self._limiters is None else self._limiters[step.index]
+        return _NO_LIMIT if self._limiters is None else self._limiters[step.index]
 
     def _ready(self, tensors: Mapping[str, Any], finished: set[int], running: Any) -> list[EnsembleStep]:
         """Steps not run nor running whose inputs all exist."""

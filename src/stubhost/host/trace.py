@@ -73,6 +73,7 @@ class SpanIds:
         return f"00-{self.trace_id:032x}-{self.span_id:016x}-01"
 
     def child(self) -> SpanIds:
+        """The identity of a request this one starts: the same trace, a span of its own."""
         return SpanIds(self.trace_id, _span_id())
 
 
