@@ -394,9 +394,9 @@ def test_an_error_response_does_not_end_the_stream(server: stubhost.Server) -> N
 def test_returning_responses_from_a_decoupled_execute_fails_the_requests(server: stubhost.Server) -> None:
     with pytest.raises(InferenceError) as e:
         run(server, "return")
-    assert "Python model 'modes' is using the decoupled mode and the execute function must return None." \
+    assert "Python model 'modes_0' is using the decoupled mode and the execute function must return None." \
         in e.value.message
-    assert e.value.message.startswith("Failed to process the request(s) for model instance 'modes_0'")
+    assert e.value.message.startswith("Failed to process the request(s) for model 'modes_0'")
 
 
 def test_an_exception_in_a_decoupled_execute_ends_each_open_request(server: stubhost.Server) -> None:

@@ -462,7 +462,7 @@ def test_unknown_output(conn: Conn):
 
 def test_model_that_raises(conn: Conn):
     error = error_of(conn.client.infer, "raiser", [conn.input("INPUT0", np.ones(2, dtype=np.float32))])
-    assert "Failed to process the request(s) for model instance" in error.message()
+    assert "Failed to process the request(s) for model" in error.message()
     assert "raiser always raises" in error.message()
     expect_status(conn, error, 500, "INTERNAL")
     assert conn.client.is_model_ready("raiser")

@@ -14,6 +14,7 @@ import mmap
 import os
 import signal
 import sys
+import sysconfig
 import threading
 import time
 import traceback
@@ -47,11 +48,31 @@ WATCHDOG_PERIOD_S = 0.1
 NOTIFY_TIMEOUT_S = 1.0
 
 
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the stubhost package
+_STDLIB_DIR = sysconfig.get_paths()["stdlib"]
+_SITE_DIRS = tuple({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+
+
+def _runner_frame(filename: str) -> bool:
+    """A frame of what runs the model rather than of the model: stubhost's own code, or the
+    standard library's event loop and futures that stubhost calls the model through."""
+    if filename.startswith(_OWN_DIR + os.sep):
+        return True
+    return filename.startswith(_STDLIB_DIR + os.sep) and not filename.startswith(_SITE_DIRS)
+
+
 def format_exception(e: BaseException) -> str:
-    """``Type: message`` and the frames, innermost first, as Triton's Python backend words them."""
+    """``Type: message`` and the frames, innermost first, as Triton's Python backend words them.
+
+    Only the model's frames are listed, as in Triton, whose runner is C++: stubhost's frames
+    (and the event-loop frames that lead into an ``async def execute``) are left out, and so are
+    the frames of stubhost's pb_utils, which Triton implements in C++ too."""
+    frames = traceback.extract_tb(e.__traceback__)
+    first = next((i for i, frame in enumerate(frames) if not _runner_frame(frame.filename)), len(frames))
     lines = [f"{type(e).__name__}: {e}", "", "At:"]
-    for frame in reversed(traceback.extract_tb(e.__traceback__)):
-        lines.append(f"  {frame.filename}({frame.lineno}): {frame.name}")
+    for frame in reversed(frames[first:]):
+        if not frame.filename.startswith(_OWN_DIR + os.sep):
+            lines.append(f"  {frame.filename}({frame.lineno}): {frame.name}")
     return "\n".join(lines) + "\n"
 
 
@@ -483,7 +504,7 @@ class StubRuntime:
             if asyncio.iscoroutine(result):
                 self.run_async(result, requests, start)
             elif result is not None:
-                raise ExecuteError(f"Python model '{self.model_name}' is using the decoupled mode and the execute "
+                raise ExecuteError(f"Python model '{self.instance_name}' is using the decoupled mode and the execute "
                                     "function must return None.")
         except Exception as e:
             self.log_failure(e)
@@ -514,7 +535,7 @@ class StubRuntime:
                                     "with 'async def execute' in stubhost")
             if self.decoupled:
                 if result is not None:
-                    raise ExecuteError(f"Python model '{self.model_name}' is using the decoupled mode and the "
+                    raise ExecuteError(f"Python model '{self.instance_name}' is using the decoupled mode and the "
                                         "execute function must return None.")
             else:
                 self.responder.deliver(requests, check_responses(result, requests))
@@ -524,7 +545,7 @@ class StubRuntime:
 
     def failure_text(self, e: BaseException) -> str:
         """Triton's text for a failed ``execute``."""
-        return f"Failed to process the request(s) for model instance '{self.instance_name}', message: {_detail(e)}"
+        return f"Failed to process the request(s) for model '{self.instance_name}', message: {_detail(e)}"
 
     def log_failure(self, e: BaseException) -> None:
         """Logs a failed ``execute`` at ERROR, traceback included, in one record: Triton's stub
