@@ -201,7 +201,7 @@ async def _start_asgi(app: Any, sock: socket.socket, args: argparse.Namespace) -
 def log_model_table(service: InferenceService) -> None:
     """Logs the models and their state, as tritonserver does at start-up."""
     rows = [(e["name"], e["version"] or "-", e["state"] + (f": {e['reason']}" if e.get("reason") else ""))
-            for e in service.repository_index()]
+            for e in service.repository_index() if "state" in e]  # (a model never loaded is not in it)
     header = ("Model", "Version", "Status")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(3)]
     rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
@@ -327,7 +327,8 @@ def serve(args: argparse.Namespace) -> int:
         return 1
     auto_complete = not (args.disable_auto_complete_config or args.strict_model_config)
     try:
-        server = Server(args.model_repository, models=_models_to_load(args), exit_on_error=args.exit_on_error,
+        # Every model is tried, and the table shows them all, before a failure ends the start-up.
+        server = Server(args.model_repository, models=_models_to_load(args), exit_on_error=False,
                         auto_complete_config=auto_complete, load_threads=args.model_load_thread_count,
                         model_load_retry_count=args.model_load_retry_count, metrics_config=metrics_config,
                         stub_settings=backend.stub, response_cache_bytes=cache.size,
@@ -348,6 +349,12 @@ def serve(args: argparse.Namespace) -> int:
                                tracer=TraceManager(trace.level, trace.rate, trace.count, trace.log_frequency,
                                                    trace.file, opentelemetry=trace.opentelemetry))
     log_model_table(service)
+    if args.exit_on_error and server.load_errors:
+        for sock in sockets.values():
+            sock.close()
+        server.close()
+        print("error: creating server: Internal - failed to load all models", file=sys.stderr)
+        return 1
     try:
         try:
             import uvloop

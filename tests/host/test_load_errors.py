@@ -231,28 +231,34 @@ os._exit(4)
 """
 
 
-def test_stub_exiting_in_initialize_fails_the_load_at_once_with_its_exit_code(tmp_path: Path) -> None:
-    """A stub that dies while initializing is noticed at once, not after init_timeout."""
+def test_stub_exiting_in_initialize_fails_the_load_at_once_with_its_exit_code(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A stub that dies while initializing is noticed at once, not after init_timeout; the error
+    has Triton's words, and the log has the exit code."""
     import time
     start = time.monotonic()
-    with pytest.raises(stubhost.InferenceError) as info:
+    with caplog.at_level(logging.ERROR, logger="stubhost"), pytest.raises(stubhost.InferenceError) as info:
         with stubhost.Server(repo_with(tmp_path, exits=INIT_EXITS_PY), init_timeout=20.0):
             pass
     elapsed = time.monotonic() - start
     assert elapsed < 5.0, f"the load failed only after {elapsed:.1f} s: {info.value.message}"
-    assert "exits" in info.value.message
-    assert "code 3" in info.value.message, info.value.message
+    assert info.value.message == ("load failed for model 'exits': version 1 is at UNAVAILABLE state: Internal: "
+                                  "Stub process 'exits_0' is not healthy.;\n")
+    assert "stub 'exits_0' exited with code 3" in caplog.text
+    assert "failed to load 'exits' version 1: Internal: Stub process 'exits_0' is not healthy." in caplog.text
 
 
-def test_stub_exiting_while_importing_the_model_fails_the_load_at_once(tmp_path: Path) -> None:
+def test_stub_exiting_while_importing_the_model_fails_the_load_at_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import time
     start = time.monotonic()
-    with pytest.raises(stubhost.InferenceError) as info:
+    with caplog.at_level(logging.ERROR, logger="stubhost"), pytest.raises(stubhost.InferenceError) as info:
         with stubhost.Server(repo_with(tmp_path, exits=IMPORT_EXITS_PY), init_timeout=20.0):
             pass
     elapsed = time.monotonic() - start
     assert elapsed < 5.0, f"the load failed only after {elapsed:.1f} s: {info.value.message}"
-    assert "code 4" in info.value.message, info.value.message
+    assert "is not healthy" in info.value.message
+    assert "exited with code 4" in caplog.text, caplog.text
 
 
 def test_finalize_that_hangs_is_cut_short_by_finalize_timeout(tmp_path: Path) -> None:
@@ -326,7 +332,7 @@ def test_a_load_that_fails_more_than_retry_count_times_fails_with_the_last_error
     with caplog.at_level(logging.ERROR, logger="stubhost"):
         error = load_failure_with(repo, model_load_retry_count=retries)
     assert attempts(repo) == retries + 1
-    assert f"failed on attempt {retries + 1} (flaky-41)" in error.message and error.code == "INTERNAL"
+    assert f"failed on attempt {retries + 1} (flaky-41)" in error.message and error.code == "INVALID_ARG"
     assert attempt_errors(caplog).count(retries + 1) >= 1 and set(attempt_errors(caplog)) == set(range(1, retries + 2))
     assert wait_until(lambda: not (child_stub_pids() - stubs), 5.0), child_stub_pids() - stubs
     assert own_shm_entries() - segments == set()

@@ -81,7 +81,7 @@ def test_load_and_unload(conn: Conn):
     conn.client.unload_model("add_sub")
     assert not conn.client.is_model_ready("add_sub")
     entry = index(conn)["add_sub"]
-    assert entry.get("state", "") != "READY"
+    assert entry == {"name": "add_sub", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
     error = error_of(add_sub, conn, a)
     assert "add_sub" in error.message()
     assert conn.client.is_server_ready()
@@ -102,22 +102,27 @@ def test_load_unknown_model(conn: Conn):
 
 
 def test_load_broken_model(conn: Conn):
+    """Triton's words (its L0 tests look for "load failed for model"), code and index entry."""
     error = error_of(conn.client.load_model, "broken")
-    assert "broken on purpose" in error.message()
+    assert error.message().startswith("load failed for model 'broken': version 1 is at UNAVAILABLE state: "
+                                      "Internal: RuntimeError: broken on purpose\n\nAt:\n"), error.message()
+    assert error.message().endswith(";\n")
+    assert (error.status() == "400") if conn.protocol == "http" else error.status() == "StatusCode.INVALID_ARGUMENT"
     assert not conn.client.is_model_ready("broken")
     entry = index(conn)["broken"]
-    assert entry.get("state", "") != "READY"
-    assert "broken on purpose" in entry.get("reason", ""), entry
+    assert (entry["version"], entry["state"]) == ("1", "UNAVAILABLE")
+    assert entry["reason"].startswith("Internal: RuntimeError: broken on purpose"), entry
     assert conn.client.is_model_ready("identity")
 
 
+def test_a_model_never_loaded_is_listed_by_name_only(conn: Conn):
+    assert index(conn)["slow"] == {"name": "slow"}
+
+
 def test_unload_not_loaded_model(conn: Conn):
-    """Triton answers success for unloading a model that is not loaded; an error would have to name
-    it. Either way, nothing else changes."""
-    try:
-        conn.client.unload_model("add_sub")
-    except Exception as e:  # noqa: BLE001
-        assert "add_sub" in str(e)
+    """Triton answers success for unloading a model that is not loaded, or not known at all."""
+    conn.client.unload_model("slow")
+    conn.client.unload_model("no_such_model")
     assert conn.client.is_model_ready("identity")
 
 

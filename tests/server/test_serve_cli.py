@@ -6,6 +6,7 @@ server or stub process, no /dev/shm segment of its pid).
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
@@ -96,7 +97,12 @@ def test_broken_model_fails_start_up(broken_repo: Path):
         srv._kill()
         srv._close_log()
     assert code == 1, srv.log
-    assert "broken" in srv.log and "broken on purpose" in srv.log
+    # Triton's lines: the failure with its version, the table of every model, then the end.
+    assert re.search(r"failed to load 'broken' version 1: Internal: RuntimeError: broken on purpose", srv.log)
+    assert re.search(r"\| broken +\| 1 +\| UNAVAILABLE: Internal: RuntimeError: broken on purpose", srv.log)
+    assert re.search(r"\| add_sub +\| 1 +\| READY", srv.log)
+    assert "error: creating server: Internal - failed to load all models" in srv.log
+    assert "stubhost" not in srv.log.split("broken on purpose", 1)[1].split("|", 1)[0], "only the model's frames"
     assert not srv.ports, "no endpoint may start when a model fails to load"
     assert not srv.segments(), sorted(srv.segments())
 
@@ -185,8 +191,9 @@ def test_a_model_that_needs_more_than_the_rate_limit_resource_gives_fails_start_
                      "--metrics-port", "0", "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
                      "--rate-limit=execution_count", "--rate-limit-resource=R:0")
     assert done.returncode == 1, done.stderr
-    assert ("error: creating server: failed to load 'add_sub': Resource count for \"R\" is limited to 0 which "
+    assert ("failed to load 'add_sub': Resource count for \"R\" is limited to 0 which "
             "will prevent scheduling of one or more model instances, the minimum required count is 1") in done.stderr
+    assert "error: creating server: Internal - failed to load all models" in done.stderr
     assert "Traceback" not in done.stderr
 
 

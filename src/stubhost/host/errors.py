@@ -15,6 +15,20 @@ class InferenceError(Exception):
         return f"InferenceError(code={self.code!r}, message={self.message!r})"
 
 
+class VersionLoadError(InferenceError):
+    """A model version that failed to load because its model failed (``initialize`` or
+    ``auto_complete_config`` raised, its stub died or hung): worded as Triton's load API words it,
+    ``INVALID_ARG`` with ``load failed for model '<m>': version <v> is at UNAVAILABLE state:
+    Internal: <text>;``. ``reason`` is what the repository index shows for it."""
+
+    def __init__(self, model_name: str, version: int, text: str) -> None:
+        self.model_name = model_name
+        self.version = version
+        self.reason = f"Internal: {text}"
+        super().__init__("INVALID_ARG", f"load failed for model '{model_name}': version {version} is at "
+                                        f"UNAVAILABLE state: {self.reason};\n")
+
+
 class UnknownModelError(InferenceError):
     """NOT_FOUND for a model, or a version of it, that is not loaded (BLS words it as Triton's
     Python backend does, see bls.py)."""

@@ -4,6 +4,7 @@ Initialize call that turns a started stub into a loaded model."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,9 +12,11 @@ from typing import Any
 
 from stubhost import _core
 from stubhost._core import Command, IPCMessage
-from stubhost.host.errors import InferenceError
+from stubhost.host.errors import VersionLoadError
 from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess, StubSettings
 from stubhost.protocol import write_payload
+
+log = logging.getLogger("stubhost")
 
 __all__ = ["InstanceSpec", "RestartPolicy", "initialize_stub", "load_error"]
 
@@ -79,10 +82,18 @@ def load_payload(model_file: str, model_dir: str, version: int, python_based: bo
     return {"model_file": model_file, "version_dir": os.path.join(model_dir, str(version)), "top_level": python_based}
 
 
-def load_error(spec: InstanceSpec, e: BaseException) -> InferenceError:
-    """A load failure worded with the instance and, for model errors, the model's traceback."""
-    return InferenceError("INTERNAL", f"Failed to initialize model instance '{spec.instance_name}' of model "
-                                      f"'{spec.model_name}': {e}")
+def load_error(spec: InstanceSpec, e: BaseException) -> VersionLoadError:
+    """An instance's load failure as Triton words it: the model's traceback for its error, and
+    ``Stub process '<instance>' is not healthy.`` for a stub that died."""
+    return failed_version(spec.model_name, spec.version, spec.instance_name, e)
+
+
+def failed_version(model_name: str, version: int, instance_name: str, e: BaseException) -> VersionLoadError:
+    """The load failure of a model version whose stub `instance_name` failed with `e`."""
+    if isinstance(e, StubGoneError):
+        log.error("%s", e)  # Triton's words below do not say how it ended: its exit code does
+        return VersionLoadError(model_name, version, f"Stub process '{instance_name}' is not healthy.")
+    return VersionLoadError(model_name, version, str(e))
 
 
 def initialize_stub(process: StubProcess, spec: InstanceSpec) -> bool:

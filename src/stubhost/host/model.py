@@ -40,7 +40,7 @@ from stubhost.host.errors import InferenceError
 from stubhost.host.versions import resolve_version
 from stubhost.host.inputs import RequestChecker
 from stubhost.host.instance import InstanceState, ModelInstance, RequestStream
-from stubhost.host.instance_spec import InstanceSpec, load_error, load_payload
+from stubhost.host.instance_spec import InstanceSpec, failed_version, load_error, load_payload
 from stubhost.host.load_options import LoadOptions
 from stubhost.host.labels import OutputClasses, read_output_classes
 from stubhost.host.rate_limiter import ModelLimits, RateLimiter
@@ -177,8 +177,9 @@ class LoadedModel(Retirable):
         except OSError as e:
             raise InferenceError("INTERNAL", f"failed to load '{name}': cannot start its stub: {e}") from None
         try:
+            auto_completed = versions[-1]
             if options.auto_complete:
-                cfg = _auto_complete(first, cfg, first_file, versions[-1], backend_file is not None, model_dir, source,
+                cfg = _auto_complete(first, cfg, first_file, auto_completed, backend_file is not None, model_dir, source,
                                      options.init_timeout_s)
             fill_defaults(cfg, name, available_gpus=device_ids())
             validate_config(cfg, model_dir_name=name, source=source)
@@ -191,9 +192,9 @@ class LoadedModel(Retirable):
         except (ConfigError, ValueError) as e:
             first.close()
             raise InferenceError("INVALID_ARG", str(e)) from None
-        except (StubCallError, StubGoneError, TimeoutError, _core.CoreError) as e:
+        except (StubCallError, StubGoneError, TimeoutError, _core.CoreError) as e:  # auto_complete_config failed
             first.close()
-            raise InferenceError("INTERNAL", f"failed to load '{name}': {e}") from None
+            raise failed_version(name, auto_completed, first.instance_name, e) from None
         except BaseException:
             first.close()
             raise

@@ -32,7 +32,7 @@ from stubhost.config.dtypes import config_dtype_to_triton
 from stubhost.host.bls import BlsService
 from stubhost.host.call_args import check_call
 from stubhost.host.custom_metrics import CustomMetrics
-from stubhost.host.errors import InferenceError, UnknownModelError
+from stubhost.host.errors import InferenceError, UnknownModelError, VersionLoadError
 from stubhost.host.instance_spec import RestartPolicy
 from stubhost.host.labels import OutputClasses
 from stubhost.host.load_options import LoadOptions
@@ -117,6 +117,10 @@ class Server:
         self._retiring = RetiringModels(_stop)  # replaced by a reload, still finishing requests
         self._expected: set[str] = set()
         self.load_errors: dict[str, str] = {}
+        # The version a load error is about (VersionLoadError), and the versions of models unloaded
+        # since: the repository index lists them, as Triton's does.
+        self.failed_versions: dict[str, int] = {}
+        self.unloaded_versions: dict[str, list[str]] = {}
         # What each model was loaded from, as poll mode last saw it (None: an override load)
         self._fingerprints: dict[str, tuple[Any, ...] | None] = {}
         self._load_threads = max(1, int(load_threads))
@@ -178,16 +182,30 @@ class Server:
                         self._models[name] = future.result()
                         self._fingerprints[name] = seen.result()
                     continue
-                self._record_load_error(name, str(error), seen.result())
+                self._record_load_error(name, error, seen.result())
                 first_error = first_error or error
         if first_error is not None and exit_on_error:
             raise first_error
 
-    def _record_load_error(self, name: str, error: str, seen: tuple[Any, ...] | None) -> None:
-        log.error("%s", error)
+    def _record_load_error(self, name: str, error: BaseException | str, seen: tuple[Any, ...] | None,
+                           expect: bool = False) -> None:
+        """Logs a failed load and keeps what the repository index shows for it; with `expect`,
+        the server is not ready until the model loads."""
+        if isinstance(error, VersionLoadError):
+            reason = error.reason
+            log.error("failed to load '%s' version %d: %s", name, error.version, reason)
+        else:
+            reason = error.message if isinstance(error, InferenceError) else str(error)
+            log.error("%s", reason)
         with self._lock:
-            self.load_errors[name] = error
+            self.load_errors[name] = reason
+            if isinstance(error, VersionLoadError):
+                self.failed_versions[name] = error.version
+            else:
+                self.failed_versions.pop(name, None)
             self._fingerprints[name] = seen
+            if expect:
+                self._expected.add(name)
 
     def load(self, name: str, *, config: str | Mapping[str, Any] | None = None,
              files: Mapping[str, bytes] | None = None) -> None:
@@ -241,11 +259,7 @@ class Server:
             model = load_model(model_dir, self._options, config, stopped=self._closed.is_set)
         except InferenceError as e:
             remove_override_directory(model_dir)
-            with self._lock:
-                self.load_errors[name] = e.message
-                self._fingerprints[name] = seen
-                if expect:
-                    self._expected.add(name)
+            self._record_load_error(name, e, seen, expect)
             raise
         with self._lock:
             # close() may have run while it loaded (a poll): then nothing may outlive the server.
@@ -255,6 +269,8 @@ class Server:
                 self._models[name] = model
                 self._expected.add(name)
             self.load_errors.pop(name, None)
+            self.failed_versions.pop(name, None)
+            self.unloaded_versions.pop(name, None)
             self._fingerprints[name] = seen if config is None else None
         if closed:
             _stop(model)
@@ -274,14 +290,17 @@ class Server:
                     self._unload(dependent)
 
     def _unload(self, name: str) -> None:
+        """Unloads a model; one that is not loaded (or unknown) is no error, as in Triton."""
         with self._lock:
             model = self._models.pop(name, None)
             self._expected.discard(name)
             self.load_errors.pop(name, None)
+            self.failed_versions.pop(name, None)
             self._fingerprints.pop(name, None)
-        if model is None:
-            raise InferenceError("NOT_FOUND", f"failed to unload '{name}': model is not loaded")
-        _stop(model)
+            if model is not None:
+                self.unloaded_versions[name] = [str(v) for v in sorted(model.versions)]
+        if model is not None:
+            _stop(model)
 
     def poll(self) -> None:
         """One look at the repositories, as Triton's poll mode takes: a new model loads, a model
@@ -302,8 +321,8 @@ class Server:
                 log.info("loading '%s' (%s)", name, "changed" if name in self._fingerprints else "new")
                 try:
                     self._load_one(found[name], None, seen, expect=True)
-                except InferenceError as e:
-                    log.error("%s", e.message)
+                except InferenceError:
+                    pass  # logged, and shown by the repository index
             for name, error in duplicates.items():
                 if self.load_errors.get(name) != error:
                     self._record_load_error(name, error, None)
@@ -314,6 +333,7 @@ class Server:
                 log.info("unloading '%s': it is no longer in the model repository", name)
                 with self._lock:
                     self.load_errors.pop(name, None)
+                    self.failed_versions.pop(name, None)
                     self._expected.discard(name)
                     self._fingerprints.pop(name, None)
                 if name in self._models:
