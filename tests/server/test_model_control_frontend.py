@@ -18,6 +18,7 @@ from tests.server.frontend_support import (
     Conn,
     build_repository,
     error_of,
+    expect_status,
     proto_json,
 )
 from tests.server.serve_process import ServeProcess
@@ -83,7 +84,12 @@ def test_load_and_unload(conn: Conn):
     entry = index(conn)["add_sub"]
     assert entry == {"name": "add_sub", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
     error = error_of(add_sub, conn, a)
-    assert "add_sub" in error.message()
+    assert error.message() == "Request for unknown model: 'add_sub' has no available versions"
+    error = error_of(conn.client.get_inference_statistics, "add_sub")
+    assert error.message() == "requested model 'add_sub' is not available"
+    expect_status(conn, error, 400, "INVALID_ARGUMENT")
+    error = error_of(conn.client.infer, "slow", [conn.input("INPUT0", a)])  # never loaded: not known
+    assert error.message() == "Request for unknown model: 'slow' is not found"
     assert conn.client.is_server_ready()
 
 

@@ -31,9 +31,11 @@ class VersionLoadError(InferenceError):
 
 class UnknownModelError(InferenceError):
     """NOT_FOUND for a model, or a version of it, that is not loaded (BLS words it as Triton's
-    Python backend does, see bls.py)."""
+    Python backend does, see bls.py). A model the server knows (it failed to load, or was
+    unloaded) ``has no available versions``, in Triton's words; another ``is not found``."""
 
-    def __init__(self, model_name: str, version: int | None = None) -> None:
+    def __init__(self, model_name: str, version: int | None = None, known: bool = False) -> None:
         named = f"'{model_name}'" if version is None else f"'{model_name}' version {version}"
-        super().__init__("NOT_FOUND", f"Request for unknown model: {named} is not found")
+        state = "has no available versions" if known and version is None else "is not found"
+        super().__init__("NOT_FOUND", f"Request for unknown model: {named} {state}")
         self.model_name = model_name

@@ -344,7 +344,7 @@ class Server:
         model = self._models.get(name)
         if model is None:
             self._check_open()
-            raise UnknownModelError(name)
+            raise UnknownModelError(name, known=name in self.load_errors or name in self.unloaded_versions)
         return model
 
     def model_ready(self, name: str, version: str | int = "") -> bool:
@@ -549,7 +549,11 @@ class Server:
         """Triton's statistics-extension answer: ``{"model_stats": [...]}`` for one model (and
         version) or, with no name, for every loaded model."""
         if name:
-            entries = self._model(name).statistics(version)
+            model = self._models.get(name)
+            if model is None:
+                self._check_open()
+                raise InferenceError("INVALID_ARG", f"requested model '{name}' is not available")
+            entries = model.statistics(version)
         else:
             entries = [e for model in list(self._models.values()) for e in model.statistics()]
         return {"model_stats": entries}
