@@ -240,7 +240,7 @@ def test_stream_repeat_without_empty_final_response(grpc_client, stream: Collect
     assert [scalar(r, "IDX") for r in results] == [0, 1, 2]
     for result in results:
         assert result.get_response().id == "rep-plain"
-        assert FINAL not in params_of(result)
+        assert params_of(result) == {FINAL: False}  # Triton flags every response, asked or not
     grpc_client.stop_stream()
     assert stream.rest() == [], "the final flag alone must not be sent without enable_empty_final_response"
 
@@ -334,7 +334,7 @@ def test_stream_default_mode_model_gives_one_response(grpc_client, stream: Colle
     assert result.get_response().id == "plain"
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
-    assert params_of(result) == ({FINAL: True} if enable_final else {})
+    assert params_of(result) == {FINAL: True}
     grpc_client.stop_stream()
     assert stream.rest() == []
 

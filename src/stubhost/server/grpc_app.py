@@ -264,10 +264,10 @@ class GrpcFrontend:
 
     async def _stream_one(self, request: pb.ModelInferRequest, out: asyncio.Queue[_Sending | None],
                           forwarded: dict[str, str], context: Any) -> None:
-        """Streams the responses of one request of a ModelStreamInfer call into `out`. With the
-        request parameter ``triton_enable_empty_final_response`` every response says whether it
-        is the last (``triton_final_response``) and a final flag sent alone is sent too, as in
-        Triton; without it, a final flag alone is not sent. A traced request's trace travels
+        """Streams the responses of one request of a ModelStreamInfer call into `out`. Every
+        response says whether it is the last (``triton_final_response``); with the request
+        parameter ``triton_enable_empty_final_response`` a final flag sent alone is sent too, as
+        in Triton; without it, it is not. A traced request's trace travels
         with each of its responses (GRPC_SEND_START/END around its sending)."""
         trace = self._sample(request.model_name, context) if self.service.tracer.on else None
 
@@ -307,8 +307,9 @@ class GrpcFrontend:
                     except InferenceError as e:
                         await put(failed(e.message))
                         continue
-                if flag_final:
-                    response.parameters[_FINAL_RESPONSE].bool_param = event.final
+                # Every response says whether it is the last (Triton 2.51 does so with or without the
+                # request's empty-final-response parameter, which only adds the empty final one).
+                response.parameters[_FINAL_RESPONSE].bool_param = event.final
                 await put(pb.ModelStreamInferResponse(infer_response=response))
         except InferenceError as e:
             await put(failed(e.message))
