@@ -51,6 +51,10 @@ def test_minimal_python_config_validates_after_defaults() -> None:
     _valid(IO)  # no name, no backend: both come from fill_defaults
 
 
+def test_a_python_model_may_carry_a_platform_label_that_names_no_framework() -> None:
+    _valid(f'{PY} platform: "custom"')  # as Triton's QA model wrong_model does, and Triton loads
+
+
 def test_gpu_group_validates_when_gpus_are_available() -> None:
     _valid(f'{PY} instance_group [ {{ kind: KIND_GPU }} ]', gpus=(0,))
 

@@ -36,7 +36,7 @@ def validate_config(cfg: ModelConfig, *, model_dir_name: str, source: str) -> No
     - ``name`` is non-empty and equals the folder name.
     - A ``platform: "ensemble"`` model has no ``backend``; any other model has ``backend:
       "python"``, or another backend with ``runtime: "model.py"`` (a Python-based backend, as
-      host/python_based.py resolves it), and no ``platform``.
+      host/python_based.py resolves it), and no framework ``platform`` (``onnxruntime_onnx``, ...).
     - ``max_batch_size`` >= 0; a ``version_policy`` is set and ``specific`` versions are > 0.
     - ``default_model_filename`` is a plain file name (no folders, no ``..``).
     - The scheduler sections (see :mod:`stubhost.config.validate_scheduling`).
@@ -88,12 +88,18 @@ def _validate_identity(cfg: ModelConfig, model_dir_name: str, check: Check) -> N
         check.fail("backend", f"unexpected platform type '{cfg.platform}' for {name}")
     if cfg.backend != PYTHON_BACKEND and cfg.runtime != DEFAULT_MODEL_FILENAME:  # not a Python-based backend
         check.fail("backend", unsupported_backend(cfg.backend, name))
-    if cfg.platform:
+    if cfg.platform in FRAMEWORK_PLATFORMS:
         check.fail(
             "platform",
             f"unsupported platform '{cfg.platform}' for {PYTHON_BACKEND} backend model {name}: "
             "stubhost runs the model's own Python file and has no platform handlers",
         )
+
+
+# The platforms of Triton's framework backends, which stubhost cannot honour; another platform name
+# on a Python model is a label (Triton's QA models use "custom").
+FRAMEWORK_PLATFORMS = frozenset({"tensorrt_plan", "tensorflow_graphdef", "tensorflow_savedmodel", "onnxruntime_onnx",
+                                 "pytorch_libtorch", "openvino"})
 
 
 def _validate_version_policy(cfg: ModelConfig, check: Check) -> None:
