@@ -49,9 +49,19 @@ def test_valid_request(server: stubhost.Server) -> None:
 
 
 def test_unknown_input(server: stubhost.Server) -> None:
+    error = rejected(server, "add_sub", {"INPUT0": A, "BOGUS": A})
+    assert error.code == "INVALID_ARG"
+    assert error.message == "[request id: <id_unknown>] unexpected inference input 'BOGUS' for model 'add_sub'"
+
+
+def test_more_inputs_than_the_model_has(server: stubhost.Server) -> None:
+    """Triton's words, down to its list of the request's inputs (newest first, from a hash map)
+    and its empty list of missing inputs, printed as ``]``."""
     error = rejected(server, "add_sub", {"INPUT0": A, "INPUT1": B, "BOGUS": A})
     assert error.code == "INVALID_ARG"
-    assert "unexpected inference input 'BOGUS' for model 'add_sub'" in error.message
+    assert error.message == ("[request id: <id_unknown>] expected 2 inputs but got 3 inputs for model 'add_sub'. "
+                             "Got input(s) ['BOGUS','INPUT1','INPUT0'], but missing required input(s) ]. Please "
+                             "provide all required input(s).")
 
 
 def test_error_names_the_request_id(server: stubhost.Server) -> None:
@@ -67,8 +77,9 @@ def test_error_without_request_id_says_id_unknown(server: stubhost.Server) -> No
 def test_missing_required_input(server: stubhost.Server) -> None:
     error = rejected(server, "add_sub", {"INPUT0": A})
     assert error.code == "INVALID_ARG"
-    assert "expected 2 inputs but got 1 inputs for model 'add_sub'" in error.message
-    assert "missing required input(s) ['INPUT1']" in error.message
+    assert error.message == ("[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'add_sub'. "
+                             "Got input(s) ['INPUT0'], but missing required input(s) ['INPUT1']. Please provide all "
+                             "required input(s).")
 
 
 def test_wrong_input_dtype(server: stubhost.Server) -> None:
@@ -120,7 +131,8 @@ def test_batched_model_rejects_a_larger_batch(server: stubhost.Server) -> None:
 
 def test_batched_model_shape_error_shows_the_batch_dimension(server: stubhost.Server) -> None:
     error = rejected(server, "batched", {"INPUT0": np.zeros((2, 4), dtype=np.int32)})
-    assert "Expected [-1,3], got [2,4]" in error.message
+    assert "Expected [-1,3], got [2,4]. NOTE: Setting a non-zero max_batch_size in the model config requires a " \
+           "batch dimension to be prepended to each input shape." in error.message  # Triton's note
 
 
 def test_rejected_request_does_not_disturb_the_next(server: stubhost.Server) -> None:
@@ -144,6 +156,13 @@ def test_required_input_of_a_model_with_optional_ones_is_still_required(server: 
     error = rejected(server, "optional_inputs", {"INPUT1": B})
     assert error.code == "INVALID_ARG"
     assert "missing required input(s) ['INPUT0']" in error.message
+
+
+def test_a_request_with_no_inputs_for_a_model_with_optional_ones(server: stubhost.Server) -> None:
+    error = rejected(server, "optional_inputs", {})
+    assert error.message == ("[request id: <id_unknown>] expected number of inputs between 1 and 2 but got 0 inputs "
+                             "for model 'optional_inputs'. Got input(s) [], but missing required input(s) "
+                             "['INPUT0']. Please provide all required input(s).")
 
 
 def test_model_error_response_for_mismatched_optional_input(server: stubhost.Server) -> None:

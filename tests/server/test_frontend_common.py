@@ -447,8 +447,10 @@ def test_missing_input(conn: Conn):
 
 def test_unknown_input(conn: Conn):
     extra = conn.input("INPUT2", np.ones(4, dtype=np.float32))
-    error = error_of(conn.client.infer, "add_sub", [*add_sub_inputs(conn), extra])
+    error = error_of(conn.client.infer, "add_sub", [add_sub_inputs(conn)[0], extra])
     assert "unexpected inference input 'INPUT2' for model 'add_sub'" in error.message()
+    error = error_of(conn.client.infer, "add_sub", [*add_sub_inputs(conn), extra])
+    assert "expected 2 inputs but got 3 inputs for model 'add_sub'" in error.message()
     expect_status(conn, error, 400, "INVALID_ARGUMENT")
     assert_still_serving(conn)
 

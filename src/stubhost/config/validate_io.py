@@ -88,6 +88,31 @@ def _validate_tensor(kind: str, index: int, io: Tensor, cfg: ModelConfig, check:
         )
 
 
+BATCH_NOTE = (
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to "
+    "be prepended to each input shape. If you want to specify the full shape including the "
+    "batch dim in your input dims config, try setting max_batch_size to zero. See the model "
+    "configuration docs for more info on max_batch_size."
+)
+
+
+def names_text(names: Sequence[str]) -> str:
+    """Triton's list of input names, built as it builds it: ``['A','B']``; an empty list of
+    missing inputs comes out as ``]``, as in Triton."""
+    text = "[" + "".join(f"'{n}'," for n in names)
+    return text[:-1] + "]"
+
+
+def input_count_text(model: str, declared: int, required: int, given: Sequence[str], missing: Sequence[str]) -> str:
+    """Triton's words for a request with fewer inputs than the model requires or more than it
+    declares (`given`: the request's input names, `missing`: the required ones it lacks)."""
+    counts = (f"expected {declared} inputs" if required == declared
+              else f"expected number of inputs between {required} and {declared}")
+    got = names_text(given) if given else "[]"
+    return (f"{counts} but got {len(given)} inputs for model '{model}'. Got input(s) {got}, but missing required "
+            f"input(s) {names_text(missing)}. Please provide all required input(s).")
+
+
 def dims_text(dims: Sequence[int]) -> str:
     """Triton's DimsListToString, as its messages print shapes: ``[1,3,-1]``."""
     return "[" + ",".join(str(d) for d in dims) + "]"

@@ -27,15 +27,9 @@ from stubhost.config.model_config_pb2 import (
     ModelInput,
     ModelWarmup,
 )
-from stubhost.config.validate_io import dims_text
+from stubhost.config.validate_io import BATCH_NOTE, dims_text, input_count_text
 
 _ID = "[request id: <id_unknown>] "  # Triton's LogRequest() of a request without an id
-_BATCH_NOTE = (
-    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to "
-    "be prepended to each input shape. If you want to specify the full shape including the "
-    "batch dim in your input dims config, try setting max_batch_size to zero. See the model "
-    "configuration docs for more info on max_batch_size."
-)
 
 
 def protocol_name(data_type: int) -> str:
@@ -43,13 +37,6 @@ def protocol_name(data_type: int) -> str:
     if data_type == DataType.TYPE_INVALID:
         return "<invalid>"
     return config_dtype_to_triton(DataType.Name(data_type))
-
-
-def _names_text(names: list[str]) -> str:
-    """Triton's list of input names, built as it builds it: ``['A','B']``; an empty list of
-    missing inputs comes out as ``]``, as in Triton."""
-    text = "[" + "".join(f"'{n}'," for n in names)
-    return text[:-1] + "]"
 
 
 def sample_field(index: int, sample: ModelWarmup) -> str:
@@ -146,17 +133,7 @@ def _check_request(
     required = [i.name for i in cfg.input if not i.optional]
     if len(given) < len(required):
         missing = [n for n in required if n not in sample.inputs]
-        counts = (
-            f"expected {len(cfg.input)} inputs"
-            if len(required) == len(cfg.input)
-            else f"expected number of inputs between {len(required)} and {len(cfg.input)}"
-        )
-        got = _names_text(given) if given else "[]"
-        check.fail(
-            f"{field}: inputs",
-            f"{_ID}{counts} but got {len(given)} inputs for model '{model}'. Got input(s) {got}, but "
-            f"missing required input(s) {_names_text(missing)}. Please provide all required input(s).",
-        )
+        check.fail(f"{field}: inputs", _ID + input_count_text(model, len(cfg.input), len(required), given, missing))
     batching = cfg.max_batch_size > 0
     for name in given:
         entry, config_input = sample.inputs[name], declared[name]
@@ -175,5 +152,5 @@ def _check_request(
             check.fail(
                 f"{field}: inputs '{name}': dims",
                 f"{_ID}unexpected shape for input '{name}' for model '{model}'. Expected {dims_text(full)}, got "
-                f"{dims_text(shape)}. {_BATCH_NOTE if batching else ''}",
+                f"{dims_text(shape)}. {BATCH_NOTE if batching else ''}",
             )

@@ -14,7 +14,7 @@ import numpy as np
 
 from stubhost import _core
 from stubhost.config.dtypes import config_dtype_to_triton
-from stubhost.config.validate_io import dims_text
+from stubhost.config.validate_io import BATCH_NOTE, dims_text, input_count_text
 from stubhost.host.errors import InferenceError
 from stubhost.host.regions import RegionDestination, RegionOutput, RegionTensor
 from stubhost.tensor import numpy_to_triton_dtype
@@ -97,6 +97,8 @@ class RequestChecker:
         tensors: list[tuple[str, Any, int]] = []
         batch: int | None = None
         batching = self.max_batch_size > 0
+        if len(inputs) > len(self.inputs) or len(inputs) < len(self.required):
+            raise self._error(request_id, self._count_text(inputs))
         for name, value in inputs.items():
             spec = self.inputs.get(name)
             if spec is None:
@@ -126,7 +128,7 @@ class RequestChecker:
                 expected = ([-1] if self.max_batch_size > 0 else []) + list(spec.dims)
                 raise self._error(request_id, f"unexpected shape for input '{name}' for model "
                                               f"'{self.model_name}'. Expected {dims_text(expected)}, got "
-                                              f"{dims_text(shape)}. ")
+                                              f"{dims_text(shape)}. {BATCH_NOTE if batching else ''}")
             if spec.reshape is not None:
                 array = array.reshape(tuple(shape[:1] if self.max_batch_size > 0 else ()) + spec.reshape)
             else:
@@ -139,10 +141,15 @@ class RequestChecker:
         # none is missing; only a shorter request needs the search.
         missing = [n for n in self.required if n not in inputs] if len(inputs) < len(self.inputs) else []
         if missing:
-            raise self._error(request_id, f"expected {len(self.inputs)} inputs but got {len(inputs)} inputs for "
-                                          f"model '{self.model_name}'. Got input(s) {sorted(inputs)}, but missing "
-                                          f"required input(s) {missing}. Please provide all required input(s).")
+            raise self._error(request_id, self._count_text(inputs))
         return tensors
+
+    def _count_text(self, inputs: Mapping[str, Any]) -> str:
+        """Triton's words for a request whose inputs do not add up. Its list of the request's
+        inputs comes from a hash map, which lists a few names newest first: so does this one."""
+        missing = [n for n in self.required if n not in inputs]
+        return input_count_text(self.model_name, len(self.inputs), len(self.required), list(reversed(list(inputs))),
+                                missing)
 
     def _batch(self, name: str, shape: tuple[int, ...], batch: int | None, request_id: str) -> int | None:
         """The request's batch size so far, checked against this input's first dimension."""
