@@ -465,10 +465,16 @@ def test_generate_single_response_of_decoupled_model(server: ServeProcess):
     assert reply.json() == {"model_name": "repeat", "model_version": "1", "OUT": 5, "IDX": 0}
 
 
+EXACTLY_ONE = ("generate expects model to produce exactly 1 response, use generate stream for model that generates "
+               "various number of responses")
+
+
 def test_generate_refuses_several_responses(server: ServeProcess):
+    """Triton's answer, status and all: a 200 whose body is the error."""
     reply = post(server, "/v2/models/repeat/generate", {"IN": [5, 6, 7]})
-    assert reply.status == 501, reply.body
-    assert "generate_stream" in reply.json()["error"]
+    assert reply.status == 200, reply.body
+    assert reply.json() == {"error": EXACTLY_ONE}
+    assert post(server, "/v2/models/repeat/generate", {"IN": []}).json() == {"error": EXACTLY_ONE}  # no response
     # the model serves on
     again = post(server, "/v2/models/repeat/generate_stream", {"IN": [1, 2]})
     assert again.status == 200 and [e["OUT"] for e in again.events()] == [1, 2]
@@ -482,10 +488,24 @@ def test_generate_bad_input_type_is_400(server: ServeProcess, endpoint: str):
 
 
 @pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
-def test_generate_bytes_input_not_text_is_400(server: ServeProcess, endpoint: str):
-    reply = post(server, f"/v2/models/string_upper/{endpoint}", {"INPUT0": [1, 2]})
+def test_generate_bytes_input_not_text_is_tritons_500(server: ServeProcess, endpoint: str):
+    for value in ([1, 2], True, {"USER": "hello"}):
+        reply = post(server, f"/v2/models/string_upper/{endpoint}", {"INPUT0": value})
+        assert reply.status == 500, reply.body
+        assert reply.json() == {"error": "Unable to parse JSON bytes array: attempt to access JSON non-string as string"}
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_generate_an_input_given_twice_is_refused(server: ServeProcess, endpoint: str):
+    reply = post(server, f"/v2/models/string_upper/{endpoint}", None,
+                 raw=b'{"INPUT0": "hello", "INPUT0": "duplicate"}')
     assert reply.status == 400, reply.body
-    assert "INPUT0" in reply.json()["error"]
+    assert reply.json() == {"error": "[request id: <id_unknown>] input 'INPUT0' already exists in request"}
+
+
+def test_generate_writes_the_outputs_before_the_model_name(server: ServeProcess):
+    reply = post(server, "/v2/models/repeat/generate", {"IN": [5]})
+    assert reply.body == b'{"OUT":5,"IDX":0,"model_name":"repeat","model_version":"1"}'
 
 
 @pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
@@ -508,11 +528,16 @@ def test_generate_bad_parameters_are_400(server: ServeProcess, body: dict):
     assert "error" in reply.json()
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]"])
-def test_generate_body_not_an_object_is_400(server: ServeProcess, raw: bytes):
-    reply = post(server, "/v2/models/repeat/generate_stream", None, raw=raw)
+def test_generate_body_not_an_object_is_400(server: ServeProcess):
+    reply = post(server, "/v2/models/repeat/generate_stream", None, raw=b"[1, 2]")
     assert reply.status == 400, reply.body
     assert "error" in reply.json()
+
+
+def test_generate_body_not_json_is_tritons_500(server: ServeProcess):
+    reply = post(server, "/v2/models/repeat/generate", None, raw=b"{not json")
+    assert reply.status == 500, reply.body
+    assert reply.json()["error"].startswith("failed to parse the request JSON buffer: ")
 
 
 @pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
@@ -522,10 +547,12 @@ def test_generate_unknown_model_is_404(server: ServeProcess, endpoint: str):
     assert "no_such_model" in reply.json()["error"]
 
 
-def test_generate_stream_error_before_first_response_is_plain_error(server: ServeProcess):
+def test_generate_stream_error_before_first_response_is_a_400_event(server: ServeProcess):
+    """As Triton answers it: status 400, and the error as the stream's event."""
     reply = post(server, "/v2/models/stutter/generate_stream", {"IN": [1, 2], "fail_first": True})
     assert reply.status == 400, reply.body
-    assert "stutter refuses at once" in reply.json()["error"]
+    [event] = reply.events()
+    assert set(event) == {"error"} and "stutter refuses at once" in event["error"]
 
 
 def test_generate_model_error_is_plain_error(server: ServeProcess):
@@ -544,11 +571,10 @@ def test_generate_stream_error_after_first_response_is_an_event(server: ServePro
 
 
 def test_generate_error_after_first_response(server: ServeProcess):
-    """``generate`` answers one JSON document: a model error after a first response makes the
-    whole reply that error, with its status (INTERNAL: 500)."""
+    """A response and then an error are two answers: Triton's 'exactly 1 response' reply."""
     reply = post(server, "/v2/models/stutter/generate", {"IN": [1, 2]})
-    assert reply.status == 500, reply.body
-    assert "stutter stumbled after the first response" in reply.json()["error"]
+    assert reply.status == 200, reply.body
+    assert reply.json() == {"error": EXACTLY_ONE}
 
 
 # ---- cancellation ----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ as an SSE ``data:`` event, and an error after the first response as ``data: {"er
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -45,14 +46,23 @@ def _shape_for(value: np.ndarray, dims: list[int], name: str) -> tuple[int, ...]
     return tuple(shape)
 
 
+def _leaves(value: Any) -> list[Any]:
+    """The scalars of a JSON value, nested lists flattened (an object counts as one)."""
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
+
+
 def _input_tensor(name: str, value: Any, datatype: str, dims: list[int]) -> InputTensor:
     if datatype == "BYTES":
-        flat = np.asarray(value, dtype=object).ravel()
-        items = [v.encode("utf-8") if isinstance(v, str) else v for v in flat]
-        if not all(isinstance(v, bytes) for v in items):
-            raise _invalid(f"input '{name}' must be text (or a list of text) for datatype BYTES")
-        array = np.empty(len(items), dtype=object)
-        array[:] = items
+        leaves = _leaves(value)
+        if not all(isinstance(v, str) for v in leaves):  # Triton's words (and code) for its JSON reader
+            raise InferenceError("INTERNAL", "Unable to parse JSON bytes array: attempt to access JSON non-string "
+                                             "as string")
+        array = np.empty(len(leaves), dtype=object)
+        array[:] = [v.encode("utf-8") for v in leaves]
+    elif datatype == "BOOL" and not all(isinstance(v, bool) for v in _leaves(value)):
+        raise InferenceError("INTERNAL", "Unable to parse 'data': attempt to access JSON non-boolean as boolean")
     else:
         try:
             array = np.asarray(value, dtype=triton_to_numpy_dtype(_core.dtype_from_name(datatype)))
@@ -69,30 +79,38 @@ def decode_generate_request(model_name: str, version: str, body: bytes,
     """The inference request a generate body describes; `inputs` is the model metadata's list
     (name, datatype, shape)."""
     try:
-        document = orjson.loads(body) if body else {}
-    except orjson.JSONDecodeError as e:
-        raise _invalid(f"failed to parse the request JSON buffer: {e}") from None
-    if not isinstance(document, dict):
+        # Pairs, not a dict: a key given twice is an error for an input, as in Triton.
+        pairs = json.loads(body, object_pairs_hook=_Pairs) if body else _Pairs()
+    except (ValueError, RecursionError) as e:
+        raise InferenceError("INTERNAL", f"failed to parse the request JSON buffer: {e}") from None
+    if not isinstance(pairs, _Pairs):
         raise _invalid("the generate request must be a JSON object")
     by_name = {entry["name"]: entry for entry in inputs}
     parameters: dict[str, Any] = {}
-    explicit = document.get("parameters", {})
-    if not isinstance(explicit, dict):
-        raise _invalid("'parameters' must be a JSON object")
-    tensors: list[InputTensor] = []
-    for key, value in document.items():
+    explicit: Any = _Pairs()
+    tensors: dict[str, InputTensor] = {}
+    for key, value in pairs:
         if key == "parameters":
+            explicit = value
             continue
         entry = by_name.get(key)
-        if entry is not None:
-            tensors.append(_input_tensor(key, value, entry["datatype"], list(entry["shape"])))
-        else:
+        if entry is None:
             parameters[key] = value
+        elif key in tensors:
+            raise _invalid(f"[request id: <id_unknown>] input '{key}' already exists in request")
+        else:
+            tensors[key] = _input_tensor(key, value, entry["datatype"], list(entry["shape"]))
+    if not isinstance(explicit, _Pairs):
+        raise _invalid("'parameters' must be a JSON object")
     parameters.update(explicit)
     for key, value in parameters.items():
         if not isinstance(value, (str, int, float, bool)):
-            raise _invalid(f"parameter '{key}' must be a string, a number or a boolean")
-    return InferRequest(model_name, version, "", parameters, tensors, [])
+            raise _invalid(f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
+    return InferRequest(model_name, version, "", parameters, list(tensors.values()), [])
+
+
+class _Pairs(list):  # type: ignore[type-arg]
+    """A JSON object as its (key, value) pairs, in order, repeats kept."""
 
 
 def _json_value(data: np.ndarray) -> Any:
@@ -106,10 +124,12 @@ def _json_value(data: np.ndarray) -> Any:
 
 def encode_generate_response(result: InferResult) -> bytes:
     """The JSON object of one generate response."""
-    document: dict[str, Any] = {"model_name": result.model_name, "model_version": result.model_version}
+    document: dict[str, Any] = {}  # the outputs first, as Triton writes them
     for output in result.outputs:
         if output.data is not None:
             document[output.name] = _json_value(output.data)
+    document["model_name"] = result.model_name
+    document["model_version"] = result.model_version
     return orjson.dumps(document)
 
 

@@ -353,8 +353,9 @@ class HttpFrontend:
     async def _generate(self, scope: Scope, receive: Receive, send: Send, name: str, version: str,
                         stream: bool, trace: RequestTrace | None = None) -> None:
         """The generate extension: one JSON response, or (``stream``) one SSE event per response.
-        An error before the first response is a plain JSON error with its status; a client that
-        goes away cancels the request. `trace`: the request is traced."""
+        A request refused before the model runs gets a plain JSON error with its status; an error
+        the model sends first is, as in Triton, a 400 whose body is that error's event. A client
+        that goes away cancels the request. `trace`: the request is traced."""
         body = await self._read_body(scope, receive)
         if trace is not None:
             trace.timestamp("HTTP_RECV_END")
@@ -372,9 +373,7 @@ class HttpFrontend:
                 if event.result is None and event.error is None:
                     continue  # a final flag alone: the stream's end says it
                 if not started:
-                    if event.error is not None:  # nothing was sent yet: a plain error reply
-                        raise event.error
-                    await send({"type": "http.response.start", "status": 200,
+                    await send({"type": "http.response.start", "status": 200 if event.error is None else 400,
                                 "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
                                             (b"cache-control", b"no-cache")]})
                     started = True
@@ -395,24 +394,24 @@ class HttpFrontend:
         await send({"type": "http.response.body", "body": b""})
 
     async def _generate_once(self, send: Send, events: AsyncGenerator[Any, None], name: str) -> None:
-        """``generate``: the request's one response as JSON (a model that streams several must be
-        asked through ``generate_stream``)."""
-        result = None
+        """``generate``: the request's one response as JSON, or its one error as a 400. A model
+        that sends none or several gets Triton's answer: a 200 whose body is an error naming
+        ``generate_stream``."""
+        answers: list[Any] = []
         try:
             async for event in events:
-                if event.error is not None:
-                    raise event.error
-                if event.result is None:
-                    continue
-                if result is not None:
-                    raise InferenceError("UNSUPPORTED", f"model '{name}' sent more than one response: use the "
-                                                        "generate_stream endpoint")
-                result = event.result
+                if event.error is not None or event.result is not None:
+                    answers.append(event)
         finally:
             await events.aclose()
-        if result is None:
-            raise InferenceError("INTERNAL", f"model '{name}' sent no response")
-        await self._reply(send, 200, generate.encode_generate_response(result))
+        if len(answers) != 1:
+            await self._reply(send, 200, http_response.encode_error(
+                "generate expects model to produce exactly 1 response, use generate stream for model that "
+                "generates various number of responses"))
+        elif answers[0].error is not None:
+            await self._reply(send, 400, http_response.encode_error(answers[0].error.message))
+        else:
+            await self._reply(send, 200, generate.encode_generate_response(answers[0].result))
 
     async def _logging(self, scope: Scope, receive: Receive, send: Send, method: str) -> None:
         """Triton's logging extension: GET answers the settings, POST changes some and answers all."""
