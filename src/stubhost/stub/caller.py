@@ -51,6 +51,7 @@ class ResponseIterator:
         self._done = [False]  # shared with the finalizer, which must not hold the iterator
         self._seen: list[InferenceResponse] = []  # every response handed out, for a replay
         self._replay = 0  # next of _seen to hand out again, once the stream is done
+        self._first: tuple[int, int] | None = None  # the first response, taken before the call returned
         self._finalizer = weakref.finalize(self, caller.forget_stream, stream_id, self._done)
 
     def __iter__(self) -> ResponseIterator:
@@ -70,16 +71,28 @@ class ResponseIterator:
             self._replay = len(self._seen)  # a replay starts only at the next iter()
         return response
 
-    def _receive(self) -> InferenceResponse:
-        """Waits for the target's next response (GIL released while the queue waits)."""
+    def wait_first(self) -> None:
+        """Waits for the first response, as Triton's ``exec(decoupled=True)`` does before it
+        returns: iterating then starts without a wait, and ``async_exec`` hands over an iterator
+        whose first step does not block the event loop."""
+        self._first = self._take()
+
+    def _take(self) -> tuple[int, int]:
+        """The next (record, flags) of the target (GIL released while the queue waits)."""
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
         while True:
             try:
-                record, flags = self._inbox.get(timeout=WAIT_SLICE_S)
-                break
+                return self._inbox.get(timeout=WAIT_SLICE_S)
             except queue.Empty:
                 if not self._caller.parent_alive():
                     self._done[0] = True
                     raise TritonModelException("BLS request failed: the server is gone") from None
+
+    def _receive(self) -> InferenceResponse:
+        """The target's next response, waited for."""
+        record, flags = self._take()
         if flags & RESPONSE_FINAL:
             self._done[0] = True
             self._finalizer()
@@ -116,6 +129,7 @@ class StubCaller:
         if not self._post(Command.INFER_STREAM_EXEC_REQUEST, record, stream_id):
             self.pool.free(record)
             raise TritonModelException("BLS request failed: the server is gone")
+        iterator.wait_first()
         return iterator
 
     def deliver(self, stream_id: int, record: int) -> None:
