@@ -51,6 +51,20 @@ def test_request_checks_of_the_backend_raise_tritons_texts() -> None:
         request(correlation_id=1.5)
 
 
+@pytest.mark.parametrize("left_out", ["model_name", "inputs", "requested_output_names"])
+def test_request_without_a_required_argument_is_a_type_error(left_out: str) -> None:
+    kwargs: dict[str, Any] = {"model_name": "m", "inputs": INPUTS, "requested_output_names": ["OUT"]}
+    del kwargs[left_out]
+    with pytest.raises(TypeError):  # no default in Triton's binding either (Triton's test_bls_incorrect_args)
+        InferenceRequest(**kwargs)
+
+
+def test_request_reads_bytes_as_text_as_tritons_binding_does() -> None:
+    built = request(model_name=b"m2", request_id=b"r1", requested_output_names=[b"OUT"])
+    assert built.model_name() == "m2"
+    assert built.request_id() == "r1" and built.requested_output_names() == ["OUT"]
+
+
 def test_request_accepts_empty_lists_and_both_kinds_of_correlation_id() -> None:
     assert request(inputs=[], requested_output_names=[]).inputs() == []
     assert request(correlation_id="seq-1").correlation_id() == "seq-1"

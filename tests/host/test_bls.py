@@ -125,7 +125,7 @@ class TritonPythonModel:
                           pb_utils.Tensor("DELAY_MS", np.array([params.get("delay_ms", 0)], np.uint32))]
             else:
                 inputs = [pb_utils.Tensor("INPUT0", x), pb_utils.Tensor("INPUT1", x)]
-            bls = pb_utils.InferenceRequest(model_name=target, inputs=inputs)
+            bls = pb_utils.InferenceRequest(model_name=target, inputs=inputs, requested_output_names=[])
             if params.get("async"):
                 stream = asyncio.run(bls.async_exec(decoupled=True))
             else:

@@ -75,7 +75,7 @@ class TritonPythonModel:
                 except TypeError:
                     bad.append("TypeError")
             try:
-                pb_utils.InferenceRequest(model_name="target", trace="not a trace")
+                pb_utils.InferenceRequest(model_name="target", inputs=[], requested_output_names=[], trace="not a trace")
                 bad_trace = "accepted"
             except TypeError:
                 bad_trace = "TypeError"
@@ -140,7 +140,7 @@ def test_a_requests_trace_is_passed_on_to_bls_requests_with_no_context(server: s
 
 
 def test_set_flags_outside_a_stub() -> None:
-    request = InferenceRequest(model_name="m", flags=START)
+    request = InferenceRequest(model_name="m", inputs=[], requested_output_names=[], flags=START)
     request.set_flags(np.uint32(END))
     assert request.flags() == END and type(request.flags()) is int
     request.set_flags(True)  # bool is an int, as for pybind11

@@ -329,7 +329,8 @@ class TritonPythonModel:
             rid = request.request_id()
 
             def call(model, how, tensors, **kw):
-                return pb_utils.InferenceRequest(model_name=model, inputs=tensors, request_id=f"{rid}-{how}", **kw)
+                return pb_utils.InferenceRequest(model_name=model, inputs=tensors, requested_output_names=[],
+                                                request_id=f"{rid}-{how}", **kw)
 
             traced = call("add_sub", "sync", inputs, trace=request.trace()).exec()
             assert not traced.has_error(), traced.error().message()

@@ -65,6 +65,11 @@ class InferenceTrace:
 _UNTRACED = InferenceTrace()
 
 
+def _text(value: Any) -> Any:
+    """A text argument as Triton's binding reads it: bytes become str (pybind11 converts them)."""
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
 def _require(argument: str, value: Any, kind: type) -> None:
     """TypeError unless `value` is a `kind` (pybind11's refusal of a wrong argument type); a str
     is not a sequence of names or tensors here."""
@@ -80,18 +85,21 @@ class InferenceRequest:
                  "_parameters", "_timeout", "_model_name", "_model_version", "_state", "_release_flags", "_preferred_memory",
                  "_trace")
 
-    def __init__(self, model_name: str = "", inputs: Sequence[Tensor] = (),
-                 requested_output_names: Sequence[str] = (), request_id: str = "",
+    def __init__(self, model_name: str, inputs: Sequence[Tensor],
+                 requested_output_names: Sequence[str], request_id: str = "",
                  correlation_id: int | str = 0, model_version: int = -1, flags: int = 0,
                  timeout: int = 0, parameters: dict[str, Any] | str | None = None,
                  preferred_memory: PreferredMemory | None = None, trace: InferenceTrace = _UNTRACED) -> None:
         # Argument types are checked as Triton's binding checks them: a wrong type (None
         # included) is a TypeError, a None in `inputs` and a correlation id that is neither an
-        # int nor a str are TritonModelException.
+        # int nor a str are TritonModelException. model_name, inputs and requested_output_names
+        # have no default there either.
+        model_name, request_id = _text(model_name), _text(request_id)
         _require("model_name", model_name, str)
         _require("request_id", request_id, str)
         _require("inputs", inputs, Sequence)
         _require("requested_output_names", requested_output_names, Sequence)
+        requested_output_names = [_text(name) for name in requested_output_names]
         for tensor in inputs:
             if tensor is None:
                 raise TritonModelException(f"Input tensor for request with id '{request_id}' and model name "
