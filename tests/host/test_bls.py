@@ -50,7 +50,7 @@ class TritonPythonModel:
 
     def answer(self, response):
         if response.has_error():
-            text = response.error().message()
+            text = f"{response.error().code()}|{response.error().message()}"
             return pb_utils.InferenceResponse([
                 pb_utils.Tensor("SUM", np.zeros(4, np.float32)),
                 pb_utils.Tensor("ERROR", np.array([text.encode()], dtype=object))])
@@ -245,18 +245,29 @@ def test_a_model_may_call_another_instance_of_itself(server: stubhost.Server) ->
     _, error = call(server, target="caller")
     # caller's own inputs are X, so INPUT0/INPUT1 are refused by the target's checks: the error
     # comes back in the response, which shows the call reached the other instance.
-    assert "expected 1 inputs but got 2 inputs for model 'caller'" in error
+    # A request the target refuses: Triton's INTERNAL and its "Error when running inference" words.
+    assert error.startswith("1|Model caller - Error when running inference: [request id: "
+                            "<id_unknown>] expected 1 inputs but got 2 inputs for model 'caller'"), error
+
+
+def test_plain_exec_of_a_decoupled_model_is_refused_in_tritons_words(server: stubhost.Server) -> None:
+    _, error = call(server, target="repeat")
+    assert error == ("1|Model repeat - Error when running inference: Model repeat is using the decoupled. The current "
+                     "BLS request call doesn't support models using the decoupled transaction policy. Please use "
+                     "'decoupled=True' argument to the 'exec' or 'async_exec' calls for decoupled models.'")
 
 
 def test_missing_model_comes_back_as_a_response_error(server: stubhost.Server) -> None:
     # Triton's Python backend checks readiness first: its words, which Triton's own BLS test expects.
     _, error = call(server, target="no_such_model")
-    assert error == "Failed for execute the inference request. Model 'no_such_model' is not ready."
+    assert error == ("1|Model no_such_model - Error when running inference: Failed for execute the inference request. "
+                     "Model 'no_such_model' is not ready.")  # Triton 2.51's words
 
 
 def test_unknown_version_comes_back_as_a_response_error(server: stubhost.Server) -> None:
     _, error = call(server, version=7)
-    assert error == "Failed for execute the inference request. Model 'add_sub' is not ready."
+    assert error == ("1|Model add_sub - Error when running inference: Failed for execute the inference request. "
+                     "Model 'add_sub' is not ready.")
 
 
 def test_failing_model_comes_back_as_a_response_error(server: stubhost.Server) -> None:
@@ -289,7 +300,7 @@ def test_a_target_stub_that_dies_fails_the_call_and_both_go_on(tmp_path: Path) -
     with stubhost.Server(repo) as server:
         caller_pid = instance(server, "caller").process.pid
         _, error = call(server, target="crashing")
-        assert error == "Stub process 'crashing_0' is not healthy."
+        assert error == "1|Stub process 'crashing_0' is not healthy."
         total, _ = call(server)
         assert total[0] == 1
         assert instance(server, "caller").process.pid == caller_pid
@@ -419,7 +430,8 @@ def test_decoupled_exec_of_a_default_mode_model_gives_its_one_response(server: s
 
 def test_decoupled_exec_of_a_missing_model_gives_an_error_response(server: stubhost.Server) -> None:
     _, log = stream_call(server, [1], target="no_such_model")
-    assert log == ["error:Failed for execute the inference request. Model 'no_such_model' is not ready."]
+    assert log == ["error:Model no_such_model - Error when running inference: Failed for execute the inference "
+                   "request. Model 'no_such_model' is not ready."]
 
 
 def test_cancelling_a_decoupled_call_stops_the_target(server: stubhost.Server) -> None:

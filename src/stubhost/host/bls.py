@@ -61,14 +61,31 @@ MAX_BLS_THREADS = 64
 BLS_LINGER_S = 300e-6
 
 
-def _as_bls_error(error: Exception) -> InferenceError:
-    """The error a BLS caller gets for `error`: Triton's Python backend checks that the target is
-    ready before it builds the request, so a model (or version) that is not loaded reads as its
-    "not ready" error (INTERNAL); anything not an InferenceError becomes INTERNAL."""
+def _as_bls_error(error: Exception, target: str) -> InferenceError:
+    """The error a BLS caller gets for `error` from a call to `target`. As in Triton's Python
+    backend, a call that could not start (the target is not ready: its model or version is not
+    loaded; the target refused the request) is INTERNAL, ``Model <target> - Error when running
+    inference: <why>``; an error the target answered with keeps its code and words; anything not
+    an InferenceError becomes INTERNAL."""
     if isinstance(error, UnknownModelError):
-        return InferenceError("INTERNAL", f"Failed for execute the inference request. Model "
-                                          f"'{error.model_name}' is not ready.")
-    return error if isinstance(error, InferenceError) else InferenceError("INTERNAL", f"BLS request failed: {error}")
+        why = f"Failed for execute the inference request. Model '{error.model_name}' is not ready."
+    elif isinstance(error, InferenceError) and error.refused:
+        why = error.message
+    elif isinstance(error, InferenceError):
+        return error
+    else:
+        return InferenceError("INTERNAL", f"BLS request failed: {error}")
+    return InferenceError("INTERNAL", f"Model {target} - Error when running inference: {why}")
+
+
+def _decoupled_target(name: str) -> InferenceError:
+    """Triton's refusal of a plain ``exec()`` of a decoupled model (its words, stray quote included)."""
+    error = InferenceError("UNSUPPORTED", f"Model {name} is using the decoupled. The current BLS request call doesn't "
+                                          "support models using the decoupled transaction policy. Please use "
+                                          "'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
+                                          "decoupled models.'")
+    error.refused = True
+    return error
 
 
 def _error_record(pool: Pool, error: InferenceError) -> int:
@@ -201,6 +218,7 @@ class BlsService:
         its stub as a RESPONSE_SEND naming the call's id, the last one flagged final."""
         pool = process.pool
         responses: Generator[InferResponse, None, None] | None = None
+        call: dict[str, Any] = {}
         try:
             server, call = self._call(process, record)
             trace = call.pop("trace")
@@ -220,7 +238,7 @@ class BlsService:
                 if response.final:
                     return
         except Exception as e:  # noqa: BLE001  (the caller must always get an end)
-            error = _as_bls_error(e)
+            error = _as_bls_error(e, call.get("name", ""))
             if not isinstance(e, InferenceError):
                 log.exception("decoupled BLS call from '%s' failed", process.instance_name)
             self._send(process, stream_id, lambda: _error_record(pool, error))
@@ -265,8 +283,11 @@ class BlsService:
         Server.submit_response) is answered from here if it comes within BLS_LINGER_S, else by
         the target instance's completion thread; any other is handed, as read, to a BLS thread."""
         pool, record = process.pool, message.args
+        call: dict[str, Any] = {}
         try:
             server, call = self._call(process, record)
+            if server.is_decoupled(call["name"]):
+                raise _decoupled_target(call["name"])
             timeout = call.pop("timeout")  # only a waiting thread can give up on time
             trace = call.pop("trace")  # only the asyncio path traces
             done = functools.partial(self._respond, process, message, call["name"])
@@ -276,7 +297,7 @@ class BlsService:
                 return
         except Exception as e:  # noqa: BLE001  (the caller must always get an answer)
             pool.free(record)
-            self._fail(process, message, e)
+            self._fail(process, message, e, call.get("name", ""))
             return
         try:
             self._threads.submit(self.serve, process, message, server,  # type: ignore[union-attr]
@@ -292,17 +313,18 @@ class BlsService:
             response = (server.infer_response(**call) if trace is None
                         else run_in_background(server.infer_response_async(**call, trace=trace)))
         except Exception as e:  # noqa: BLE001  (the caller must always get an answer)
-            self._fail(process, message, e)
+            self._fail(process, message, e, call["name"])
             return
         finally:
             process.pool.free(message.args)  # the inputs were copied into the target's pool (or never read)
         self._respond(process, message, call["name"], response)
 
-    def _fail(self, process: StubProcess, message: IPCMessage, error: Exception) -> None:
-        """Answers a call that failed with `error` (one that is not an InferenceError is logged)."""
+    def _fail(self, process: StubProcess, message: IPCMessage, error: Exception, target: str = "") -> None:
+        """Answers a call to `target` that failed with `error` (one that is not an
+        InferenceError is logged)."""
         if not isinstance(error, InferenceError):
             log.error("BLS call from '%s' failed", process.instance_name, exc_info=error)
-        self._answer(process, message, _as_bls_error(error))
+        self._answer(process, message, _as_bls_error(error, target))
 
     def _respond(self, process: StubProcess, message: IPCMessage, name: str,
                  response: InferResponse | InferenceError) -> None:

@@ -10,6 +10,7 @@ class InferenceError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+        self.refused = False  # the model refused the request before running it (its checks)
 
     def __repr__(self) -> str:
         return f"InferenceError(code={self.code!r}, message={self.message!r})"

@@ -448,6 +448,8 @@ class LoadedModel(Retirable):
         """Counts a failed request, with its reason (``_failure_reason``). A request for an
         unknown version has no statistics to count in; one the model's checks refused counts
         (as in Triton)."""
+        if stage == OTHER and isinstance(error, InferenceError):
+            error.refused = True  # refused before it reached a queue or an instance (BLS words it so)
         if version is not None:
             self.stats.record_failure(version, begin, time.monotonic_ns(), _failure_reason(stage, error))
 
