@@ -35,7 +35,7 @@ class Sink:
 @pytest.fixture
 def sink() -> Iterator[Sink]:
     sink = Sink()
-    metrics.set_sink(sink)
+    metrics.set_sink(sink, "unit_0_0")
     yield sink
     metrics.set_sink(metrics._Unattached())
 
@@ -73,7 +73,8 @@ def test_a_metric_does_not_keep_its_family_and_then_raises_tritons_error(sink: S
 
 def test_a_refused_family_raises_tritons_wording_and_lets_nothing_go(sink: Sink) -> None:
     sink.refuse = "Family name already exists with different type"
-    with pytest.raises(TritonModelException, match="^Error when creating MetricFamily: Family name already exists "
+    with pytest.raises(TritonModelException, match="^Error when creating MetricFamily: Failed to process the request "
+                                                   "for model 'unit_0_0', message: Family name already exists "
                                                    "with different type$"):
         MetricFamily("taken", "help", MetricFamily.GAUGE)
     gc.collect()
@@ -83,7 +84,8 @@ def test_a_refused_family_raises_tritons_wording_and_lets_nothing_go(sink: Sink)
 def test_a_refused_metric_raises_tritons_wording(sink: Sink) -> None:
     family = MetricFamily("h", "help", MetricFamily.GAUGE)
     sink.refuse = "unknown metric family id 7"
-    with pytest.raises(TritonModelException, match="^Error when creating Metric: unknown metric family id 7$"):
+    with pytest.raises(TritonModelException, match="^Error when creating Metric: Failed to process the request for "
+                                                   "model 'unit_0_0', message: unknown metric family id 7$"):
         family.Metric(labels={"k": "v"})
 
 
@@ -94,7 +96,8 @@ def test_value_refused_by_the_server_is_worded_as_triton_words_it(sink: Sink) ->
     family = MetricFamily("w", "help", MetricFamily.GAUGE)
     metric = family.Metric()
     sink.refuse = "the instance is gone"
-    with pytest.raises(TritonModelException, match="^Failed to get metric value: the instance is gone$"):
+    with pytest.raises(TritonModelException, match="^Failed to get metric value: Failed to process the request for "
+                                                   "model 'unit_0_0', message: the instance is gone$"):
         metric.value()
 
 
@@ -102,8 +105,10 @@ def test_histogram_buckets_as_triton_takes_them(sink: Sink) -> None:
     family = MetricFamily("h", "help", MetricFamily.HISTOGRAM)
     family.Metric(buckets=[])  # only +Inf, as in Triton
     assert sink.asked[-1]["buckets"] == []
-    for buckets, text in ((None, "Missing required buckets"), ([1.0, float("inf")], "finite"),
-                          ([2.0, 1.0], "increasing"), ([1.0, 1.0], "increasing")):
+    for buckets, text in ((None, "^Failed to create metric. Missing required buckets.$"),
+                          ([1.0, float("inf")], "finite"),
+                          ([2.0, 1.0], "Bucket Boundaries must be strictly sorted$"),
+                          ([1.0, 1.0], "Bucket Boundaries must be strictly sorted$")):
         with pytest.raises(TritonModelException, match=text):
             family.Metric(buckets=buckets)
 

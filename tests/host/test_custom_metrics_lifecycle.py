@@ -152,8 +152,8 @@ def test_histogram_and_gauge_follow_the_same_rules(server: stubhost.Server) -> N
 def test_a_name_taken_by_another_kind_is_refused_with_tritons_words(server: stubhost.Server) -> None:
     results = run(server, "life", ["family", "c", "life_taken", "counter", "A counter"],
                   ["family", "g", "life_taken", "gauge", "A gauge"], ["family", "e", "life_empty", "gauge", "Empty"])
-    assert results == [None, {"error": "Error when creating MetricFamily: Family name already exists with "
-                                       "different type"}, None]
+    assert results == [None, {"error": "Error when creating MetricFamily: Failed to process the request for model "
+                                       "'life_0_0', message: Family name already exists with different type"}, None]
     text = scrape(server)
     assert "life_taken" not in text and "life_empty" not in text  # a family without metrics is not exported
 

@@ -74,12 +74,16 @@ def test_values_are_shared_and_read_back_by_the_model(repo: Path) -> None:
         assert first["VALUES"].tolist() == [1.0, 5.0]
         assert second["VALUES"].tolist() == [2.0, 50.0]
         errors = second["ERRORS"][0].decode()
-        for text in ("Counter metrics cannot be decremented", "Only gauge metrics can be set",
-                     "Incrementing a histogram metric is not supported",
-                     "Getting the value of a histogram metric is not supported",
+        refused = "Failed to process the request for model 'metered_0_0', message: "  # Triton 2.51's words
+        for text in (f"Failed to increment metric value: {refused}TRITONSERVER_METRIC_KIND_COUNTER can only be "
+                     "incremented monotonically by non-negative values.",
+                     f"Failed to set metric value: {refused}TRITONSERVER_METRIC_KIND_COUNTER does not support Set",
+                     f"Failed to increment metric value: {refused}TRITONSERVER_METRIC_KIND_HISTOGRAM does not support "
+                     "Increment",
+                     f"Failed to get metric value: {refused}TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Value",
                      "Unexpected buckets found for non-histogram metrics.",
-                     "Missing required buckets for histogram metrics."):
-            assert text in errors
+                     "Failed to create metric. Missing required buckets."):
+            assert text in errors, errors
 
 
 def test_two_instances_share_one_metric(tmp_path: Path) -> None:

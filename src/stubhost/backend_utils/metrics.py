@@ -60,23 +60,40 @@ class _Unattached:
 
 
 _sink: MetricSink = _Unattached()
+_instance = ""  # the instance's name, which Triton's texts for a refused operation carry
 
 
-def set_sink(sink: MetricSink) -> None:
-    """Installs the stub's sink."""
-    global _sink
-    _sink = sink
+def set_sink(sink: MetricSink, instance_name: str = "") -> None:
+    """Installs the stub's sink (and the name of its instance)."""
+    global _sink, _instance
+    _sink, _instance = sink, instance_name
+
+
+def _refusal(failure: str, reason: str) -> TritonModelException:
+    """Triton's words for an operation its server refused: ``<failure>: Failed to process the
+    request for model '<instance>', message: <reason>``."""
+    return TritonModelException(f"{failure}: Failed to process the request for model '{_instance}', message: "
+                                f"{reason}")
+
+
+_KIND_NAMES = {0: "TRITONSERVER_METRIC_KIND_COUNTER", 1: "TRITONSERVER_METRIC_KIND_GAUGE",
+               2: "TRITONSERVER_METRIC_KIND_HISTOGRAM"}
+
+
+def _unsupported(action: str, kind: int, operation: str) -> TritonModelException:
+    """Triton's refusal of an operation a kind of metric does not have."""
+    return _refusal(f"Failed to {action} metric value", f"{_KIND_NAMES[kind]} does not support {operation}")
 
 
 def _ask(payload: dict[str, Any], failure: str) -> float:
-    """A round trip to the server; its refusal raises ``<failure>: <reason>`` (Triton's wording)."""
+    """A round trip to the server; its refusal raises Triton's words (``_refusal``)."""
     sink = _sink
     if isinstance(sink, _Unattached):
         return sink.metric_value(payload)  # raises OUTSIDE_STUB as it is
     try:
         return sink.metric_value(payload)
     except TritonModelException as e:
-        raise TritonModelException(f"{failure}: {e}") from None
+        raise _refusal(failure, str(e)) from None
 
 
 class MetricFamily:
@@ -125,12 +142,12 @@ class Metric:
                 raise TritonModelException(f"invalid metric label {key!r}: {value!r}")
         if family._kind == MetricFamily.HISTOGRAM:
             if buckets is None:  # an empty list is accepted, as Triton accepts it (only +Inf)
-                raise TritonModelException("Missing required buckets for histogram metrics.")
+                raise TritonModelException("Failed to create metric. Missing required buckets.")
             bounds = [float(b) for b in buckets]
             if not all(math.isfinite(b) for b in bounds):
                 raise TritonModelException("histogram buckets must be finite")
             if bounds != sorted(set(bounds)):
-                raise TritonModelException("histogram buckets must be increasing")
+                raise _refusal("Error when creating Metric", "Bucket Boundaries must be strictly sorted")
         elif buckets is not None:
             raise TritonModelException("Unexpected buckets found for non-histogram metrics.")
         else:
@@ -151,28 +168,29 @@ class Metric:
         """Adds `value` (a counter only grows)."""
         self._check_family("increment")
         if self._kind == MetricFamily.HISTOGRAM:
-            raise TritonModelException("Incrementing a histogram metric is not supported")
+            raise _unsupported("increment", self._kind, "Increment")
         if self._kind == MetricFamily.COUNTER and value < 0:
-            raise TritonModelException("Counter metrics cannot be decremented")
+            raise _refusal("Failed to increment metric value", "TRITONSERVER_METRIC_KIND_COUNTER can only be "
+                                                               "incremented monotonically by non-negative values.")
         _sink.metric({"op": "add", **self._key, "value": float(value)})
 
     def set(self, value: float) -> None:
         """Sets a gauge."""
         self._check_family("set")
         if self._kind != MetricFamily.GAUGE:
-            raise TritonModelException("Only gauge metrics can be set")
+            raise _unsupported("set", self._kind, "Set")
         _sink.metric({"op": "set", **self._key, "value": float(value)})
 
     def observe(self, value: float) -> None:
         """Records one observation in a histogram."""
         self._check_family("observe")
         if self._kind != MetricFamily.HISTOGRAM:
-            raise TritonModelException("Only histogram metrics can be observed")
+            raise _unsupported("observe", self._kind, "Observe")
         _sink.metric({"op": "observe", **self._key, "value": float(value)})
 
     def value(self) -> float:
         """The metric's current value (shared by every instance of every model)."""
         self._check_family("get")
         if self._kind == MetricFamily.HISTOGRAM:
-            raise TritonModelException("Getting the value of a histogram metric is not supported")
+            raise _unsupported("get", self._kind, "Value")
         return _ask({"op": "value", **self._key}, "Failed to get metric value")

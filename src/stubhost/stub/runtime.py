@@ -183,7 +183,7 @@ class StubRuntime:
         answers.start()
         set_transport(self.responder)
         bls.set_caller(self.caller)
-        metrics.set_sink(self.caller)
+        metrics.set_sink(self.caller, self.instance_name)
         try:
             return self.serve()
         finally:
