@@ -6,6 +6,7 @@ the load."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -169,9 +170,15 @@ def test_the_server_lists_the_extension(conn: Conn) -> None:
     assert "classification" in extensions
 
 
-@pytest.mark.parametrize("model, reason", [("no_label_file", "cannot read 'labels.txt'"),
-                                           ("label_escape", "'../scores/labels.txt' is outside the model's folder")])
-def test_a_label_file_that_cannot_be_read_fails_the_load(conn: Conn, model: str, reason: str) -> None:
-    error = error_of(conn.client.load_model, model)
-    assert f"output 'PROBS': label_filename: {reason}" in error.message()
-    assert not conn.client.is_model_ready(model)
+def test_a_label_file_that_cannot_be_read_fails_the_load_in_tritons_words(conn: Conn) -> None:
+    error = error_of(conn.client.load_model, "no_label_file")
+    assert re.match(r"load failed for model 'no_label_file': version 1 is at UNAVAILABLE state: Internal: failed to "
+                    r"open text file for read /\S+/no_label_file/labels.txt: No such file or directory;\n$",
+                    error.message()), error.message()
+    assert not conn.client.is_model_ready("no_label_file")
+
+
+def test_a_label_file_outside_the_model_folder_fails_the_load(conn: Conn) -> None:
+    error = error_of(conn.client.load_model, "label_escape")
+    assert "output 'PROBS': label_filename: '../scores/labels.txt' is outside the model's folder" in error.message()
+    assert not conn.client.is_model_ready("label_escape")

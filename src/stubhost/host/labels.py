@@ -15,6 +15,10 @@ from typing import NamedTuple
 from stubhost.config import ConfigError, ModelConfig
 
 
+class LabelFileError(Exception):
+    """A label file that cannot be read, worded as Triton words it (its model fails to load)."""
+
+
 class OutputClasses(NamedTuple):
     """What classifying a model's outputs needs: whether their first dimension is the batch,
     and the labels of each output that has a label file."""
@@ -25,7 +29,8 @@ class OutputClasses(NamedTuple):
 
 def read_output_classes(model_dir: Path, config: ModelConfig, source: str) -> OutputClasses:
     """The labels named by `config`'s outputs, read from `model_dir`; ConfigError (naming
-    `source` and the output) when a file cannot be read."""
+    `source` and the output) for a file outside the model's folder, LabelFileError for one that
+    cannot be read."""
     labels: dict[str, tuple[str, ...]] = {}
     for output in config.output:
         if not output.label_filename:
@@ -38,6 +43,6 @@ def read_output_classes(model_dir: Path, config: ModelConfig, source: str) -> Ou
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            raise ConfigError(source, f"cannot read '{output.label_filename}': {reason}", field=field) from None
+            raise LabelFileError(f"failed to open text file for read {path}: {reason}") from None
         labels[output.name] = tuple(text.splitlines())
     return OutputClasses(config.max_batch_size > 0, labels)

@@ -36,13 +36,13 @@ from stubhost.host.cache_use import install as install_cache
 from stubhost.host.ensemble import EnsembleModel
 from stubhost.gpu.cuda import device_ids
 from stubhost.host.instance_groups import instance_placements
-from stubhost.host.errors import InferenceError
+from stubhost.host.errors import InferenceError, VersionLoadError
 from stubhost.host.versions import resolve_version
 from stubhost.host.inputs import RequestChecker
 from stubhost.host.instance import InstanceState, ModelInstance, RequestStream
 from stubhost.host.instance_spec import InstanceSpec, failed_version, load_error, load_payload
 from stubhost.host.load_options import LoadOptions
-from stubhost.host.labels import OutputClasses, read_output_classes
+from stubhost.host.labels import LabelFileError, OutputClasses, read_output_classes
 from stubhost.host.rate_limiter import ModelLimits, RateLimiter
 from stubhost.host.streams import StreamItem
 from stubhost.host.stream_tally import StreamTally
@@ -72,7 +72,11 @@ def _load_ensemble(model_dir: ModelDir, cfg: ModelConfig, source: str, options: 
                                   f"model '{model_dir.name}'")
     if options.lookup is None:
         raise InferenceError("INVALID_ARG", f"ensemble '{model_dir.name}' can only be loaded by a server")
-    ensemble = EnsembleModel.load(model_dir, cfg, versions, options.lookup, read_output_classes(model_dir.path, cfg, source))
+    try:
+        classes = read_output_classes(model_dir.path, cfg, source)
+    except LabelFileError as e:
+        raise VersionLoadError(model_dir.name, versions[-1], str(e)) from None
+    ensemble = EnsembleModel.load(model_dir, cfg, versions, options.lookup, classes)
     ensemble.cache_use = install_cache(ensemble, options.response_cache, source)  # top-level requests, as Triton
     return ensemble
 
@@ -189,6 +193,9 @@ class LoadedModel(Retirable):
                                           f"model '{name}'")
             specs = cls._instance_specs(name, model_dir, cfg, versions, options, python, env, backend_file)
             classes = read_output_classes(model_dir.path, cfg, source)
+        except LabelFileError as e:
+            first.close()
+            raise VersionLoadError(name, versions[-1], str(e)) from None
         except (ConfigError, ValueError) as e:
             first.close()
             raise InferenceError("INVALID_ARG", str(e)) from None
