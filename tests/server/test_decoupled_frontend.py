@@ -309,6 +309,25 @@ def test_stream_error_mid_stream_goes_on(grpc_client, stream: Collector):
     assert stream.rest() == []
 
 
+def test_stream_with_the_triton_grpc_error_header_ends_at_the_first_error(grpc_client):
+    """Triton's opt-in (its header ``triton_grpc_error: true``): the first error ends the stream
+    with its gRPC status and message, and the stream takes no more requests."""
+    collector = Collector()
+    grpc_client.start_stream(callback=collector, headers={"triton_grpc_error": "true"})
+    try:
+        grpc_client.async_stream_infer("stutter", repeat_inputs([1, 2, 3]), request_id="stut")
+        (r0, e0), (r1, e1) = collector.take(2)
+        assert e0 is None and scalar(r0, "OUT") == 1
+        assert r1 is None and isinstance(e1, InferenceServerException)
+        assert str(e1.status()) == "StatusCode.INTERNAL"
+        assert e1.message() == "stutter stumbled after the first response"
+        with pytest.raises(InferenceServerException, match="no longer in valid state"):
+            grpc_client.async_stream_infer("repeat", repeat_inputs([9]))
+    finally:
+        grpc_client.stop_stream()
+    assert collector.rest() == []  # nothing after the error: responses 2 and 3 were not sent
+
+
 def test_stream_final_error_is_the_only_response(grpc_client, stream: Collector):
     """An error response carrying the final flag ends the request: no empty final follows."""
     grpc_client.async_stream_infer("stutter", repeat_inputs([1, 2]), request_id="refused",

@@ -35,7 +35,10 @@ STATUS_OF_CODE = {
     "CANCELLED": grpc.StatusCode.CANCELLED, "UNKNOWN": grpc.StatusCode.UNKNOWN,
 }
 _FINAL_RESPONSE = "triton_final_response"  # response parameter: the request's last response
-_Sending = tuple[pb.ModelStreamInferResponse, RequestTrace | None]  # a stream's response and its request's trace
+# A stream's response (or, with the triton_grpc_error header, the error that ends the stream) and
+# its request's trace.
+_Sending = tuple[pb.ModelStreamInferResponse | InferenceError, RequestTrace | None]
+GRPC_ERROR_HEADER = "triton_grpc_error"
 MAX_MESSAGE_BYTES = (1 << 31) - 1  # grpcio's largest; tensors are bounded by the codec instead
 
 Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
@@ -263,7 +266,7 @@ class GrpcFrontend:
         return response
 
     async def _stream_one(self, request: pb.ModelInferRequest, out: asyncio.Queue[_Sending | None],
-                          forwarded: dict[str, str], context: Any) -> None:
+                          forwarded: dict[str, str], context: Any, grpc_errors: bool = False) -> None:
         """Streams the responses of one request of a ModelStreamInfer call into `out`. Every
         response says whether it is the last (``triton_final_response``); with the request
         parameter ``triton_enable_empty_final_response`` a final flag sent alone is sent too, as
@@ -277,15 +280,17 @@ class GrpcFrontend:
                 trace.timestamp("GRPC_SEND_START")
             await out.put((message, trace))
 
-        def failed(message: str) -> pb.ModelStreamInferResponse:
-            return pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(
+        def failed(error: InferenceError) -> pb.ModelStreamInferResponse | InferenceError:
+            if grpc_errors:  # the stream ends with the error's status
+                return error
+            return pb.ModelStreamInferResponse(error_message=error.message, infer_response=pb.ModelInferResponse(
                 id=request.id, model_name=request.model_name, model_version=request.model_version))
 
         try:
             decoded = grpc_codec.decode_infer_request(request)
             decoded.forwarded = forwarded  # the stream's metadata applies to each of its requests
         except InferenceError as e:
-            await put(failed(e.message))
+            await put(failed(e))
             if trace is not None:
                 trace.release()
             return
@@ -294,7 +299,7 @@ class GrpcFrontend:
         try:
             async for event in events:
                 if event.error is not None:
-                    await put(failed(event.error.message))
+                    await put(failed(event.error))
                     continue
                 if event.result is None:
                     if not flag_final:
@@ -305,14 +310,14 @@ class GrpcFrontend:
                     try:
                         response = self._encode(event.result)
                     except InferenceError as e:
-                        await put(failed(e.message))
+                        await put(failed(e))
                         continue
                 # Every response says whether it is the last (Triton 2.51 does so with or without the
                 # request's empty-final-response parameter, which only adds the empty final one).
                 response.parameters[_FINAL_RESPONSE].bool_param = event.final
                 await put(pb.ModelStreamInferResponse(infer_response=response))
         except InferenceError as e:
-            await put(failed(e.message))
+            await put(failed(e))
         finally:
             await events.aclose()
             if trace is not None:
@@ -329,9 +334,12 @@ class GrpcFrontend:
         pending: set[asyncio.Task[None]] = set()
 
         forwarded = self._forwarded(context)
+        # Triton's opt-in (24.08): the first error ends the stream with its gRPC status.
+        grpc_errors = any(key.lower() == GRPC_ERROR_HEADER and str(value).lower() == "true"
+                          for key, value in context.invocation_metadata() or ())
 
         async def run(request: pb.ModelInferRequest) -> None:
-            await self._stream_one(request, done, forwarded, context)
+            await self._stream_one(request, done, forwarded, context, grpc_errors)
 
         async def read_all() -> None:
             try:
@@ -351,6 +359,10 @@ class GrpcFrontend:
                 if item is None:
                     break
                 response, trace = item
+                if isinstance(response, InferenceError):
+                    if trace is not None:
+                        trace.release()
+                    await context.abort(STATUS_OF_CODE.get(response.code, grpc.StatusCode.UNKNOWN), response.message)
                 yield response
                 if trace is not None:  # grpcio asks for the next response once this one is written
                     _sent(trace)
