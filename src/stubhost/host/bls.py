@@ -288,11 +288,12 @@ class BlsService:
             server, call = self._call(process, record)
             if server.is_decoupled(call["name"]):
                 raise _decoupled_target(call["name"])
-            timeout = call.pop("timeout")  # only a waiting thread can give up on time
+            request_timeout_us = call.pop("request_timeout_us")  # the no-wait path shows none to the target
             trace = call.pop("trace")  # only the asyncio path traces
             done = functools.partial(self._respond, process, message, call["name"])
             linger = BLS_LINGER_S if not len(process.calls) else 0.0  # nothing else of the stub's waits
-            if timeout is None and trace is None and server.submit_response(**call, done=done, linger=linger):
+            if (request_timeout_us is None and trace is None
+                    and server.submit_response(**call, done=done, linger=linger)):
                 pool.free(record)  # the inputs are in the target's pool now
                 return
         except Exception as e:  # noqa: BLE001  (the caller must always get an answer)
@@ -301,7 +302,7 @@ class BlsService:
             return
         try:
             self._threads.submit(self.serve, process, message, server,  # type: ignore[union-attr]
-                                 {**call, "timeout": timeout, "trace": trace})
+                                 {**call, "request_timeout_us": request_timeout_us, "trace": trace})
         except RuntimeError:  # shut down: the server is closing
             pool.free(record)
             self._answer(process, message, InferenceError("UNAVAILABLE", "the server is closing"))
@@ -387,7 +388,9 @@ class BlsService:
         return server, {"name": model_name, "inputs": {name: array for name, _, array in tensors},
                         "outputs": list(strings[BLS_FIXED_STRINGS:]) or None, "model_version": version,
                         "parameters": params, "request_id": request_id, "correlation_id": corr_text or ints[1],
-                        "flags": ints[0], "timeout": timeout_us / 1e6 if timeout_us else None,
+                        # Triton's request timeout: shown to the target, bounding its wait in a queue
+                        # whose policy allows it; never a deadline that ends a running request.
+                        "flags": ints[0], "request_timeout_us": timeout_us or None,
                         "trace": parent.child(model_name) if parent is not None else None}
 
     def close(self) -> None:

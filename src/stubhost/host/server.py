@@ -443,12 +443,12 @@ class Server:
     def infer_response(self, name: str, inputs: Mapping[str, Any], *,
                        outputs: Sequence[str | RegionDestination] | None = None, model_version: str | int = "", parameters: Mapping[str, Any] | None = None,
                        request_id: str = "", timeout: float | None = None, correlation_id: int | str = 0,
-                       flags: int = 0, priority: int = 0) -> InferResponse:
+                       flags: int = 0, priority: int = 0, request_timeout_us: int | None = None) -> InferResponse:
         """``infer``, returning the whole response: outputs, the model's response parameters and
-        the version that answered."""
+        the version that answered. ``request_timeout_us``: as for ``infer_response_async``."""
         model, params, timeout = self._prepare(name, inputs, outputs, parameters, timeout, correlation_id, flags)
         return model.infer(inputs, outputs, model_version, params, request_id, timeout, correlation_id, flags,
-                           priority=priority)
+                           priority=priority, timeout_us=request_timeout_us)
 
     async def infer_response_async(self, name: str, inputs: Mapping[str, Any], *,
                                    outputs: Sequence[str | RegionDestination] | None = None,
