@@ -61,6 +61,7 @@ LOG_MARKER = "\x1fSTUBLOG"  # starts a pb_utils.Logger line on the stub's stderr
 RESPONSE_FINAL = 1     # TRITONSERVER_RESPONSE_COMPLETE_FINAL: the request's last response
 RESPONSE_EMPTY = 2     # no response, only the flags (``sender.send(None, FINAL)``)
 RESPONSE_DEFERRED = 4  # Execute reply placeholder: the answer comes as RESPONSE_SEND messages
+RESPONSE_FAILED = 8    # an error response for a request whose execute failed (not one the model answered)
 
 REPLY_OK = 0
 REPLY_ERROR = 1

@@ -28,7 +28,7 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
-        return [pb_utils.InferenceResponse(error=pb_utils.TritonError("no")) for _ in requests]
+        raise pb_utils.TritonModelException("no")  # an error response would be an answer: a success
 """
 
 

@@ -139,7 +139,9 @@ def test_errors_are_not_cached_and_parameters_are_not_in_the_key(repo: Path) -> 
         # As in Triton, request parameters are not part of the key: this one is a hit.
         assert int(server.infer("counted", {"X": x()}, parameters={"fail": 1})["CALLS"][0]) == 2
         s = stats(server)["inference_stats"]
-        assert (s["fail"]["count"], s["cache_miss"]["count"], s["cache_hit"]["count"]) == (1, 1, 1)
+        # the error response is an answer (a success, as Triton counts it), but it is not cached
+        assert (s["fail"]["count"], s["cache_miss"]["count"], s["cache_hit"]["count"]) == (0, 1, 1)
+        assert s["success"]["count"] == 3
 
 
 def test_a_request_refused_by_its_checks_fails_as_before(repo: Path) -> None:

@@ -209,11 +209,13 @@ def test_statistics_count_successes_and_failures(conn: Conn):
     good, bad = 5, 3
     for _ in range(good):
         conn.client.infer("echo", [x])
-    for _ in range(bad):
+    for _ in range(bad):  # answered with an error response: a success, as Triton 2.51 counts it
         error_of(conn.client.infer, "echo", [x], parameters={"fail": True})
+    refused = conn.input("NOT_AN_INPUT", np.ones(3, dtype=np.float32))
+    error_of(conn.client.infer, "echo", [refused])  # refused by the input checks: a failure
     success, fail, inferences, executions = stats_counts(conn, "echo")
-    assert success - before[0] == good
-    assert fail - before[1] == bad
+    assert success - before[0] == good + bad
+    assert fail - before[1] == 1
     assert inferences - before[2] >= good
     assert executions - before[3] >= good
 

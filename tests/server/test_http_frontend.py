@@ -297,7 +297,7 @@ def test_unknown_path_and_wrong_method(raw: Raw, method: str, path: str, status:
 @pytest.mark.parametrize("method, path, body, status, fragment", [
     ("GET", "/v2/models/no_such_model", None, 404, "no_such_model"),
     ("GET", "/v2/models/no_such_model/config", None, 404, "no_such_model"),
-    ("GET", "/v2/models/no_such_model/stats", None, 404, "no_such_model"),
+    ("GET", "/v2/models/no_such_model/stats", None, 400, "requested model 'no_such_model' is not available"),
     ("POST", "/v2/models/no_such_model/infer", json.dumps(add_sub_json()).encode(), 404, "no_such_model"),
     ("GET", "/v2/systemsharedmemory/region/no_such_region/status", None, 404, "no_such_region"),
     ("POST", "/v2/systemsharedmemory/region/r/register", b"{not json", 400, ""),

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from stubhost.host.errors import InferenceError
+from stubhost.host.errors import AnsweredError, InferenceError
 from stubhost.host.streams import StreamItem
 
 
@@ -66,6 +66,8 @@ class SenderAnswer:
     def result(self) -> ExecuteResult:
         """The response, or the error the model (or its stub) sent."""
         if self.error is not None:
+            if isinstance(self.error, AnsweredError):
+                self.error.sent = self.sent  # times the request, which counts as answered
             raise self.error
         if self.item is None:
             raise InferenceError("INTERNAL", f"model instance '{self.instance}' sent no response for the request: "

@@ -16,6 +16,16 @@ class InferenceError(Exception):
         return f"InferenceError(code={self.code!r}, message={self.message!r})"
 
 
+class AnsweredError(InferenceError):
+    """An error response the model answered a request with (``InferenceResponse(error=...)``), as
+    opposed to an ``execute`` that failed: Triton counts the request as a success in its
+    statistics. ``sent``, ``exec_start`` and ``exec_end`` time it as an ExecuteResult does."""
+
+    def __init__(self, code: str, message: str, sent: int = 0, exec_start: int = 0, exec_end: int = 0) -> None:
+        super().__init__(code, message)
+        self.sent, self.exec_start, self.exec_end = sent, exec_start, exec_end
+
+
 class VersionLoadError(InferenceError):
     """A model version that failed to load because its model failed (``initialize`` or
     ``auto_complete_config`` raised, its stub died or hung): worded as Triton's load API words it,

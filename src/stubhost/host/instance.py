@@ -22,7 +22,7 @@ from stubhost import _core
 from stubhost._core import Command, IPCMessage, RecordKind
 from stubhost.host.answers import ExecuteResult, SenderAnswer, request_timeout
 from stubhost.host.doorbell import AnswerSpin, wake
-from stubhost.host.errors import InferenceError
+from stubhost.host.errors import AnsweredError, InferenceError
 from stubhost.host.instance_spec import InstanceSpec, initialize_stub, load_error
 from stubhost.host.regions import RegionDestination, RegionTensor, destination_text, region_entry
 from stubhost.host.streams import ResponseStream, StreamItem, request_serial
@@ -34,6 +34,7 @@ from stubhost.protocol import (
     REPLY_OK,
     REPLY_STUB_GONE,
     RESPONSE_DEFERRED,
+    RESPONSE_FAILED,
     error_code_name,
     read_payload,
 )
@@ -562,8 +563,11 @@ class ModelInstance:
                 out.append(stream)
                 continue
             pool.free(record)
-            if code:
+            if code and times[2] & RESPONSE_FAILED:
                 out.append(InferenceError(error_code_name(code - 1), strings[0] if strings else ""))
+            elif code:  # the model's own answer
+                out.append(AnsweredError(error_code_name(code - 1), strings[0] if strings else "", sent, times[0],
+                                         times[1]))
             else:
                 out.append(ExecuteResult(result, strings[1] if len(strings) > 1 else "{}", sent, times[0], times[1]))
         if handle:

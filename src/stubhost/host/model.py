@@ -36,7 +36,7 @@ from stubhost.host.cache_use import install as install_cache
 from stubhost.host.ensemble import EnsembleModel
 from stubhost.gpu.cuda import device_ids
 from stubhost.host.instance_groups import instance_placements
-from stubhost.host.errors import InferenceError, VersionLoadError
+from stubhost.host.errors import AnsweredError, InferenceError, VersionLoadError
 from stubhost.host.versions import resolve_version
 from stubhost.host.inputs import RequestChecker
 from stubhost.host.instance import InstanceState, ModelInstance, RequestStream
@@ -52,11 +52,11 @@ from stubhost.host.regions import RegionDestination
 from stubhost.host.retirement import Retirable
 from stubhost.host.result import InferResponse
 from stubhost.host.scheduler import Scheduler
-from stubhost.host.tickets import Ticket
+from stubhost.host.tickets import Ticket, failure_reason
 from stubhost.host.trace import RequestTrace
 from stubhost.host.sequence_batcher import SequenceScheduler
 from stubhost.host.sequence_controls import SequenceControls
-from stubhost.host.stats import BACKEND, CANCELED, OTHER, ModelStatistics
+from stubhost.host.stats import BACKEND, OTHER, ModelStatistics
 from stubhost.host.stub_process import StubCallError, StubGoneError, StubProcess
 from stubhost.protocol import write_payload
 
@@ -96,22 +96,6 @@ def _with_groups(cfg: ModelConfig, model_dir: ModelDir,
     versions = dict.fromkeys(inst.spec.version for inst in instances)
     groups = [group for _ in versions for group in cfg.instance_group for _ in instance_placements(group, model_dir)]
     return list(zip(instances, groups))
-
-
-_CALLER_TIMEOUT = "Request timeout expired:"  # how instance.py and StreamTally word a caller's timeout
-
-
-def _failure_reason(stage: Ticket | str, error: BaseException) -> str:
-    """The failure reason (stats.py) of a request that failed with `error` at `stage`: OTHER
-    before it reached a queue or an instance, the reason its queue gave it (a Ticket), BACKEND
-    once an instance had it. A cancelled call, or one whose caller's own timeout ran out while
-    an instance had it, is CANCELED."""
-    if isinstance(error, asyncio.CancelledError):
-        return CANCELED
-    reason = stage.failure if isinstance(stage, Ticket) else stage
-    if reason == BACKEND and isinstance(error, InferenceError) and error.message.startswith(_CALLER_TIMEOUT):
-        return CANCELED
-    return reason
 
 
 class LoadedModel(Retirable):
@@ -352,6 +336,7 @@ class LoadedModel(Retirable):
         begin = time.monotonic_ns()
         version: int | None = None
         stage: Ticket | str = OTHER  # where it is, for the reason of a failure
+        tensors: list[tuple[str, Any, int]] | None = None
         try:
             version = self.resolve_version(model_version)
             scheduler = self.schedulers.get(version)
@@ -367,7 +352,7 @@ class LoadedModel(Retirable):
                                       timeout_us=timeout_us)
             return self._response(version, tensors, result, begin, request_id)
         except InferenceError as e:
-            self._failed(version, begin, stage, e)
+            self._failed(version, begin, stage, e, tensors)
             raise
 
     async def _infer_async(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None, model_version: str | int,
@@ -381,6 +366,7 @@ class LoadedModel(Retirable):
         begin = time.monotonic_ns()
         version: int | None = None
         stage: Ticket | str = OTHER  # where it is, for the reason of a failure
+        tensors: list[tuple[str, Any, int]] | None = None
         try:
             version = self.resolve_version(model_version)
             scheduler = self.schedulers.get(version)
@@ -397,7 +383,7 @@ class LoadedModel(Retirable):
                                                   timeout, timeout_us=timeout_us, trace=trace)
             return self._response(version, tensors, result, begin, request_id, None, trace)
         except (InferenceError, asyncio.CancelledError) as e:
-            self._failed(version, begin, stage, e)
+            self._failed(version, begin, stage, e, tensors)
             raise
 
     def _submit(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
@@ -447,18 +433,31 @@ class LoadedModel(Retirable):
             response: InferResponse | InferenceError = self._response(version, tensors, outcome, begin, request_id,
                                                                       ticket)
         except InferenceError as e:
-            self._failed(version, begin, ticket or BACKEND, e)
+            self._failed(version, begin, ticket or BACKEND, e, tensors)
             response = e
         done(response)
 
-    def _failed(self, version: int | None, begin: int, stage: Ticket | str, error: BaseException) -> None:
+    def _failed(self, version: int | None, begin: int, stage: Ticket | str, error: BaseException,
+                tensors: Any = None) -> None:
         """Counts a failed request, with its reason (``_failure_reason``). A request for an
         unknown version has no statistics to count in; one the model's checks refused counts
-        (as in Triton)."""
+        (as in Triton). An error response the model answered with (AnsweredError) counts as a
+        success, as Triton 2.51 counts it (`tensors`, checked or as given: its batch size)."""
         if stage == OTHER and isinstance(error, InferenceError):
             error.refused = True  # refused before it reached a queue or an instance (BLS words it so)
-        if version is not None:
-            self.stats.record_failure(version, begin, time.monotonic_ns(), _failure_reason(stage, error))
+        if version is None:
+            return
+        if isinstance(error, AnsweredError):
+            done = time.monotonic_ns()
+            if isinstance(stage, Ticket):
+                self.stats.record_success(version, stage.size, begin, stage.compute_input_end(), error.exec_start,
+                                          error.exec_end, done,
+                                          execution=stage.batch_size if stage.first_in_batch else 0)
+            else:
+                size = self._batch_size(tensors) if isinstance(tensors, list) else 1
+                self.stats.record_success(version, size, begin, error.sent, error.exec_start, error.exec_end, done)
+            return
+        self.stats.record_failure(version, begin, time.monotonic_ns(), failure_reason(stage, error))
 
     # ---- streams ---------------------------------------------------------------------------------
     def _unsupported_decoupled(self) -> InferenceError:

@@ -46,7 +46,7 @@ from stubhost._core import Command, IPCMessage
 from stubhost.config import ModelConfig
 from stubhost.host.answers import ExecuteResult
 from stubhost.host.doorbell import AnswerSpin, wake
-from stubhost.host.errors import InferenceError
+from stubhost.host.errors import AnsweredError, InferenceError
 from stubhost.host.instance import START_SLACK_S, InstanceState, ModelInstance, RequestStream
 from stubhost.host.rate_limiter import ModelLimits
 from stubhost.host.stats import BACKEND, CANCELED, OTHER, REJECTED
@@ -320,7 +320,9 @@ class Scheduler:
                 outcomes = instance.outcomes(process, message, [t.record for t in batch], batch[0].sent)
                 # The batch's execution is counted with its first request that did not fail.
                 for ticket, outcome in zip(batch, outcomes):
-                    if ticket.wake is not None and not isinstance(outcome, InferenceError):  # (a filler has no caller)
+                    # (a filler has no caller; an error the model answered with is a success)
+                    if ticket.wake is not None and (not isinstance(outcome, InferenceError)
+                                                    or isinstance(outcome, AnsweredError)):
                         ticket.first_in_batch = True
                         break
                 for ticket, outcome in zip(batch, outcomes):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from stubhost.host.errors import InferenceError
+from stubhost.host.errors import AnsweredError, InferenceError
 from stubhost.host.stats import BACKEND, CANCELED
 from stubhost.host.streams import StreamItem
 
@@ -49,7 +49,9 @@ class StreamTally:
             raise InferenceError("UNAVAILABLE", f"Request timeout expired: model '{self.model.name}' did not "
                                                 f"complete the request within {self.timeout} s")
         self.first, self.last = self.first or item, item
-        self.failed = self.failed or item.error is not None
+        # An error the model answered with (AnsweredError) is a response like any other, as Triton
+        # counts it; one that ends a failed execute fails the request.
+        self.failed = self.failed or (item.error is not None and not isinstance(item.error, AnsweredError))
         self.done = item.final
         return self.model._stream_response(self.version, item, self.request_id)
 

@@ -21,8 +21,8 @@ import numpy as np
 
 from stubhost import _core
 from stubhost._core import Pool, RecordKind
-from stubhost.host.errors import InferenceError
-from stubhost.protocol import RESPONSE_DEFERRED, RESPONSE_EMPTY, RESPONSE_FINAL, error_code_name
+from stubhost.host.errors import AnsweredError, InferenceError
+from stubhost.protocol import RESPONSE_DEFERRED, RESPONSE_EMPTY, RESPONSE_FAILED, RESPONSE_FINAL, error_code_name
 
 _RESPONSE = int(RecordKind.RESPONSE)
 
@@ -80,7 +80,9 @@ def stream_item(pool: Pool, handle: int, instance_name: str) -> StreamItem:
     flags = times[2]
     final = bool(flags & RESPONSE_FINAL)
     if code:
-        error = InferenceError(error_code_name(code - 1), strings[0] if strings else "")
+        name, text = error_code_name(code - 1), strings[0] if strings else ""
+        # a failed execute's error, or the model's own answer
+        error = InferenceError(name, text) if flags & RESPONSE_FAILED else AnsweredError(name, text, 0, *times[:2])
         return StreamItem(None, "{}", error, final, times[0], times[1])
     if flags & RESPONSE_EMPTY:
         return StreamItem(None, "{}", None, final, times[0], times[1])

@@ -18,7 +18,7 @@ from stubhost.host.answers import ExecuteResult
 from stubhost.host.errors import InferenceError
 from stubhost.host.instance import ModelInstance, RequestStream
 from stubhost.host.regions import RegionDestination
-from stubhost.host.stats import BACKEND
+from stubhost.host.stats import BACKEND, CANCELED
 from stubhost.host.streams import ResponseStream
 from stubhost.host.stub_process import StubProcess
 
@@ -158,3 +158,19 @@ class Flight(NamedTuple):
     process: StubProcess
     batch: list[Ticket]
     message: IPCMessage
+
+
+_CALLER_TIMEOUT = "Request timeout expired:"  # how instance.py and StreamTally word a caller's timeout
+
+
+def failure_reason(stage: Ticket | str, error: BaseException) -> str:
+    """The failure reason (stats.py) of a request that failed with `error` at `stage`: OTHER
+    before it reached a queue or an instance, the reason its queue gave it (a Ticket), BACKEND
+    once an instance had it. A cancelled call, or one whose caller's own timeout ran out while
+    an instance had it, is CANCELED."""
+    if isinstance(error, asyncio.CancelledError):
+        return CANCELED
+    reason = stage.failure if isinstance(stage, Ticket) else stage
+    if reason == BACKEND and isinstance(error, InferenceError) and error.message.startswith(_CALLER_TIMEOUT):
+        return CANCELED
+    return reason

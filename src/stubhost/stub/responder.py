@@ -27,7 +27,7 @@ from stubhost.backend_utils.logger import Logger
 from stubhost.backend_utils.request import InferenceRequest
 from stubhost.backend_utils.response import InferenceResponse
 from stubhost.backend_utils.response_sender import InferenceResponseSender
-from stubhost.protocol import RESPONSE_FINAL
+from stubhost.protocol import RESPONSE_FAILED, RESPONSE_FINAL
 from stubhost.stub import codec
 
 
@@ -68,7 +68,7 @@ class StubResponder:
             start = (self.open.pop(handle, None) if final else self.open.get(handle)) or _NOT_OPEN
             if final:
                 self.cancelled.pop(handle, None)
-        times = (start[0] or time.monotonic_ns(), time.monotonic_ns(), final)
+        times = (start[0] or time.monotonic_ns(), time.monotonic_ns(), final | (flags & RESPONSE_FAILED))
         if response is None:
             record = codec.write_flags(self.pool, times)
         else:
@@ -168,7 +168,7 @@ class StubResponder:
                 continue
             response = None if sent and not self.decoupled else InferenceResponse(error=TritonError(message, code))
             try:
-                self.send(request, response, RESPONSE_FINAL)
+                self.send(request, response, RESPONSE_FINAL | RESPONSE_FAILED)
             except _core.CoreError as e:
                 Logger.log_error(f"could not send the error of request '{request.request_id()}': {e}")
 

@@ -35,7 +35,7 @@ from stubhost.backend_utils.request import InferenceRequest
 from stubhost.backend_utils.response import InferenceResponse
 from stubhost.backend_utils.response_sender import set_transport
 from stubhost.logs import encode_model_line
-from stubhost.protocol import REPLY_ERROR, REPLY_OK, RESPONSE_FINAL, read_payload, write_payload
+from stubhost.protocol import REPLY_ERROR, REPLY_OK, RESPONSE_FAILED, RESPONSE_FINAL, read_payload, write_payload
 from stubhost.stub import codec
 from stubhost.stub.loader import load_model_module
 from stubhost.stub.gpu_io import CudaTarget, StubGpu, force_cpu_only_inputs
@@ -473,7 +473,7 @@ class StubRuntime:
         except those a response sender already answered, which keep that answer (as in Triton,
         the error is then only logged) and are closed if still open."""
         text = self.failure_text(e)
-        times = (start, time.monotonic_ns(), 0)
+        times = (start, time.monotonic_ns(), RESPONSE_FAILED)  # errors of a failed execute, not the model's answers
         responses: list[InferenceResponse | None] = []
         for request in requests:
             # A request its sender answered keeps that answer (DEFERRED: None here), ended with a
