@@ -75,7 +75,8 @@ class TritonPythonModel:
                 except TypeError:
                     bad.append("TypeError")
             try:
-                pb_utils.InferenceRequest(model_name="target", inputs=[], requested_output_names=[], trace="not a trace")
+                pb_utils.InferenceRequest(model_name="target", inputs=[], requested_output_names=[],
+                                          trace="not a trace")
                 bad_trace = "accepted"
             except TypeError:
                 bad_trace = "TypeError"

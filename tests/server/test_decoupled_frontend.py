@@ -511,7 +511,8 @@ def test_generate_bytes_input_not_text_is_tritons_500(server: ServeProcess, endp
     for value in ([1, 2], True, {"USER": "hello"}):
         reply = post(server, f"/v2/models/string_upper/{endpoint}", {"INPUT0": value})
         assert reply.status == 500, reply.body
-        assert reply.json() == {"error": "Unable to parse JSON bytes array: attempt to access JSON non-string as string"}
+        assert reply.json() == {
+            "error": "Unable to parse JSON bytes array: attempt to access JSON non-string as string"}
 
 
 @pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])

@@ -167,8 +167,8 @@ class LoadedModel(Retirable):
         try:
             auto_completed = versions[-1]
             if options.auto_complete:
-                cfg = _auto_complete(first, cfg, first_file, auto_completed, backend_file is not None, model_dir, source,
-                                     options.init_timeout_s)
+                cfg = _auto_complete(first, cfg, first_file, auto_completed, backend_file is not None, model_dir,
+                                     source, options.init_timeout_s)
             fill_defaults(cfg, name, available_gpus=device_ids())
             validate_config(cfg, model_dir_name=name, source=source)
             versions = select_versions(cfg, model_dir.versions)

@@ -32,7 +32,8 @@ from stubhost.config.dtypes import config_dtype_to_triton
 from stubhost.host.bls import BlsService
 from stubhost.host.call_args import check_call
 from stubhost.host.custom_metrics import CustomMetrics
-from stubhost.host.errors import InferenceError, UnknownModelError, VersionLoadError
+from stubhost.host.errors import InferenceError, UnknownModelError
+from stubhost.host.load_history import LoadHistory
 from stubhost.host.instance_spec import RestartPolicy
 from stubhost.host.labels import OutputClasses
 from stubhost.host.load_options import LoadOptions
@@ -116,11 +117,8 @@ class Server:
         self._models: dict[str, LoadedModel] = {}
         self._retiring = RetiringModels(_stop)  # replaced by a reload, still finishing requests
         self._expected: set[str] = set()
-        self.load_errors: dict[str, str] = {}
-        # The version a load error is about (VersionLoadError), and the versions of models unloaded
-        # since: the repository index lists them, as Triton's does.
-        self.failed_versions: dict[str, int] = {}
-        self.unloaded_versions: dict[str, list[str]] = {}
+        self.history = LoadHistory()  # failed loads and unloaded models (changed under self._lock)
+        self.load_errors = self.history.errors  # model name -> its last load error
         # What each model was loaded from, as poll mode last saw it (None: an override load)
         self._fingerprints: dict[str, tuple[Any, ...] | None] = {}
         self._load_threads = max(1, int(load_threads))
@@ -191,18 +189,8 @@ class Server:
                            expect: bool = False) -> None:
         """Logs a failed load and keeps what the repository index shows for it; with `expect`,
         the server is not ready until the model loads."""
-        if isinstance(error, VersionLoadError):
-            reason = error.reason
-            log.error("failed to load '%s' version %d: %s", name, error.version, reason)
-        else:
-            reason = error.message if isinstance(error, InferenceError) else str(error)
-            log.error("%s", reason)
         with self._lock:
-            self.load_errors[name] = reason
-            if isinstance(error, VersionLoadError):
-                self.failed_versions[name] = error.version
-            else:
-                self.failed_versions.pop(name, None)
+            self.history.failed(name, error)
             self._fingerprints[name] = seen
             if expect:
                 self._expected.add(name)
@@ -268,9 +256,7 @@ class Server:
                 old = self._models.get(name)
                 self._models[name] = model
                 self._expected.add(name)
-            self.load_errors.pop(name, None)
-            self.failed_versions.pop(name, None)
-            self.unloaded_versions.pop(name, None)
+            self.history.loaded(name)
             self._fingerprints[name] = seen if config is None else None
         if closed:
             _stop(model)
@@ -294,11 +280,8 @@ class Server:
         with self._lock:
             model = self._models.pop(name, None)
             self._expected.discard(name)
-            self.load_errors.pop(name, None)
-            self.failed_versions.pop(name, None)
+            self.history.unloaded(name, list(model.versions) if model is not None else None)
             self._fingerprints.pop(name, None)
-            if model is not None:
-                self.unloaded_versions[name] = [str(v) for v in sorted(model.versions)]
         if model is not None:
             _stop(model)
 
@@ -325,15 +308,13 @@ class Server:
                     pass  # logged, and shown by the repository index
             for name, error in duplicates.items():
                 if self.load_errors.get(name) != error:
-                    self._record_load_error(name, error, None)
-                    self._expected.add(name)
+                    self._record_load_error(name, error, None, expect=True)
             for name in sorted(set(self._models) | set(self.load_errors)):
                 if name in found or name in duplicates:
                     continue
                 log.info("unloading '%s': it is no longer in the model repository", name)
                 with self._lock:
-                    self.load_errors.pop(name, None)
-                    self.failed_versions.pop(name, None)
+                    self.history.forget(name)
                     self._expected.discard(name)
                     self._fingerprints.pop(name, None)
                 if name in self._models:
@@ -344,7 +325,7 @@ class Server:
         model = self._models.get(name)
         if model is None:
             self._check_open()
-            raise UnknownModelError(name, known=name in self.load_errors or name in self.unloaded_versions)
+            raise UnknownModelError(name, known=self.history.known(name))
         return model
 
     def model_ready(self, name: str, version: str | int = "") -> bool:

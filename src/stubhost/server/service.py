@@ -233,23 +233,8 @@ class InferenceService:
                                         "state": "READY" if ready else "UNAVAILABLE",
                                         **({} if ready else {"reason": "not ready"})})
             elif not ready_only:
-                entries.extend(self._unavailable(name))
+                entries.extend(self.server.history.index_entries(name))
         return entries
-
-    def _unavailable(self, name: str) -> list[dict[str, Any]]:
-        """The index entries of a model with no loaded version, as Triton lists them: the version
-        that failed to load with its reason, the versions unloaded, or (never loaded) the name."""
-        server = self.server
-        reason = server.load_errors.get(name)
-        if reason is not None:
-            version = server.failed_versions.get(name)
-            return [{"name": name, "version": "" if version is None else str(version), "state": "UNAVAILABLE",
-                     "reason": reason}]
-        unloaded = server.unloaded_versions.get(name)
-        if unloaded:
-            return [{"name": name, "version": version, "state": "UNAVAILABLE", "reason": "unloaded"}
-                    for version in unloaded]
-        return [{"name": name}]
 
     def _check_model_control(self) -> None:
         if not self.model_control:
