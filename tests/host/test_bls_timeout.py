@@ -61,3 +61,54 @@ def test_the_target_sees_the_timeout_and_still_answers(tmp_path: Path, target: s
         assert out["SEEN"].ravel().tolist() == [100_000]
         assert instance(server, target).process.pid == pid, "the target's stub was restarted"
         assert instance(server, target).restarts == 0
+
+
+COUNTING_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.runs = 0
+
+    def execute(self, requests):
+        self.runs += len(requests)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("RUNS", np.array([self.runs], np.int64))])
+                for _ in requests]
+"""
+
+SHORT_CALLER_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            response = pb_utils.InferenceRequest(model_name="counting", inputs=[], requested_output_names=["RUNS"],
+                                                 timeout=5).exec()  # 5 us: over before it can run
+            text = response.error().message() if response.has_error() else "ran"
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("WHAT", np.array([text.encode()], np.object_))]))
+        return out
+"""
+
+
+def test_a_request_timeout_over_before_dispatch_is_rejected_without_running(tmp_path: Path) -> None:
+    """Triton's QA test_timeout: a 5 us request timeout, on a model whose queue policy honours
+    it, is rejected (``Request timeout expired``) and the model never runs; from BLS and from
+    an in-process caller alike."""
+    repo = tmp_path / "models"
+    policy = "dynamic_batching { default_queue_policy { allow_timeout_override: true } }"
+    write_model(repo, "counting", COUNTING_PY, config_pbtxt("counting", [], [io("RUNS", "TYPE_INT64", [1])],
+                                                           max_batch_size=4, extra=policy))
+    write_model(repo, "short", SHORT_CALLER_PY, config_pbtxt("short", [io("X", "TYPE_INT32", [1])],
+                                                            [io("WHAT", "TYPE_STRING", [1])]))
+    with stubhost.Server(repo) as server:
+        out = server.infer("short", {"X": np.zeros(1, np.int32)}, timeout=30)
+        assert out["WHAT"][0].decode() == "Request timeout expired"
+        with pytest.raises(stubhost.InferenceError, match="^Request timeout expired$") as info:
+            server.infer_response("counting", {}, request_timeout_us=5)
+        assert info.value.code == "UNAVAILABLE"
+        assert server.infer("counting", {})["RUNS"].ravel().tolist() == [1]  # neither ran

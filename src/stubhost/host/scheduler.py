@@ -116,13 +116,20 @@ class Scheduler:
                 ticket.failure = REJECTED
                 raise InferenceError("UNAVAILABLE", "Exceeds maximum queue size")
             ticket.enqueued = now = time.monotonic_ns()
+            expired: list[Ticket] = []
             if self.timeouts:
-                ticket.deadline = level.policy.deadline(now, ticket.timeout_us)
+                # From the request's arrival: a timeout shorter than the checks before the queue
+                # has run out at once, and the request is rejected without running, as in Triton.
+                ticket.deadline = level.policy.deadline(ticket.begin, ticket.timeout_us)
             self._enqueue(ticket, level)
             self._queued += 1
             if self.preserve_ordering:
                 self._order.append(ticket)
+            if ticket.deadline and ticket.deadline <= now:
+                expired = self._expire(now)
             batches = self._take_batches(now)
+        for late in expired:
+            self._settle(late, InferenceError("UNAVAILABLE", self.EXPIRED), REJECTED)
         return self._send(batches, ticket if own else None, ticket if linger > 0 else None, linger)
 
     def start(self, ticket: Ticket, done: Callable[[ExecuteResult | InferenceError], None],
