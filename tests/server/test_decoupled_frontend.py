@@ -65,6 +65,15 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(error=error))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
+# A default-mode model that answers every request with an error response.
+REFUSER_PY = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError("refuser says no")) for _ in requests]
+"""
 STUTTER_CONFIG = config_pbtxt("stutter", [io("IN", "TYPE_INT32", [-1])], [io("OUT", "TYPE_INT32", [1])],
                               extra="model_transaction_policy { decoupled: true }")
 
@@ -125,6 +134,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     write_model(repo, "stutter", STUTTER_PY, STUTTER_CONFIG)
     write_model(repo, "ticker", TICKER_PY, TICKER_CONFIG)
     write_model(repo, "waiter", WAITER_PY, waiter_config("waiter"))
+    write_model(repo, "refuser", REFUSER_PY, config_pbtxt("refuser", [io("IN", "TYPE_INT32", [-1])],
+                                                         [io("OUT", "TYPE_INT32", [1])]))
     with ServeProcess(repo) as srv:
         yield srv
 
@@ -588,6 +599,15 @@ def test_generate_stream_error_after_first_response_is_an_event(server: ServePro
     assert events[0] == {"model_name": "stutter", "model_version": "1", "OUT": 1}
     assert set(events[1]) == {"error"} and "stutter stumbled after the first response" in events[1]["error"]
     assert events[2:] == [{"model_name": "stutter", "model_version": "1", "OUT": v} for v in (2, 3)]
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_generate_error_response_of_a_default_mode_model_is_a_400(server: ServeProcess, endpoint: str):
+    """As Triton answers it (its QA mock_llm_nd case): 400, the error as JSON or as the event."""
+    reply = post(server, f"/v2/models/refuser/{endpoint}", {"IN": [1]})
+    assert reply.status == 400, reply.body
+    answer = reply.json() if endpoint == "generate" else reply.events()[0]
+    assert answer == {"error": "refuser says no"}
 
 
 def test_generate_error_after_first_response(server: ServeProcess):

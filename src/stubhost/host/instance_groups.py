@@ -7,7 +7,9 @@ names (``<group>_<index>``) stay unique.
 
 from __future__ import annotations
 
-from stubhost.config import ConfigError
+from typing import Any
+
+from stubhost.config import ConfigError, ModelConfig
 from stubhost.config.model_config_pb2 import ModelInstanceGroup
 from stubhost.gpu import cuda
 from stubhost.host.repository import ModelDir
@@ -37,3 +39,11 @@ def instance_placements(group: ModelInstanceGroup, model_dir: ModelDir) -> list[
                                       f"{' '.join(str(g) for g in available)}", field="instance_group")
     devices = list(group.gpus) or available
     return [("GPU", gpu, i * group.count + c) for i, gpu in enumerate(devices) for c in range(group.count)]
+
+
+def with_groups(cfg: ModelConfig, model_dir: ModelDir, instances: list[Any]) -> list[tuple[Any, ModelInstanceGroup]]:
+    """Each instance (ModelInstance) with its instance group (the instances come in
+    ``LoadedModel._instance_specs``' order)."""
+    versions = dict.fromkeys(inst.spec.version for inst in instances)
+    groups = [group for _ in versions for group in cfg.instance_group for _ in instance_placements(group, model_dir)]
+    return list(zip(instances, groups))

@@ -35,7 +35,7 @@ from stubhost.host.answers import ExecuteResult
 from stubhost.host.cache_use import install as install_cache
 from stubhost.host.ensemble import EnsembleModel
 from stubhost.gpu.cuda import device_ids
-from stubhost.host.instance_groups import instance_placements
+from stubhost.host.instance_groups import instance_placements, with_groups
 from stubhost.host.errors import AnsweredError, InferenceError, VersionLoadError
 from stubhost.host.versions import resolve_version
 from stubhost.host.inputs import RequestChecker
@@ -88,14 +88,6 @@ def _auto_complete(process: StubProcess, cfg: ModelConfig, file: Path, version: 
     if not isinstance(reply, dict) or "config" not in reply:
         raise StubCallError("auto_complete_config answered without a configuration")
     return config_from_dict(reply["config"], source)
-
-
-def _with_groups(cfg: ModelConfig, model_dir: ModelDir,
-                 instances: list[ModelInstance]) -> list[tuple[ModelInstance, Any]]:
-    """Each instance with its instance group (the instances come in ``_instance_specs``' order)."""
-    versions = dict.fromkeys(inst.spec.version for inst in instances)
-    groups = [group for _ in versions for group in cfg.instance_group for _ in instance_placements(group, model_dir)]
-    return list(zip(instances, groups))
 
 
 class LoadedModel(Retirable):
@@ -230,7 +222,7 @@ class LoadedModel(Retirable):
             if failed is not None:
                 raise failed
             if limiter is not None:
-                limits = limiter.register(name, _with_groups(cfg, model_dir, instances))
+                limits = limiter.register(name, with_groups(cfg, model_dir, instances))
         except BaseException as e:
             for inst in instances:
                 inst.stop()
@@ -493,8 +485,12 @@ class LoadedModel(Retirable):
         """The responses of one request, as they come (a default-mode model gives one). Leaving
         the iteration early cancels the request."""
         if not self.decoupled:
-            yield self.infer(inputs, outputs, model_version, parameters, request_id, timeout, correlation_id, flags,
-                             timeout_us=timeout_us, priority=priority)
+            try:
+                response = self.infer(inputs, outputs, model_version, parameters, request_id, timeout, correlation_id,
+                                      flags, timeout_us=timeout_us, priority=priority)
+            except AnsweredError as e:  # the model's one response is an error: a response, as a stream has it
+                response = InferResponse({}, {}, self.resolve_version(model_version), final=True, error=e)
+            yield response
             return
         begin = time.monotonic_ns()
         version = self.resolve_version(model_version)
@@ -527,8 +523,13 @@ class LoadedModel(Retirable):
                            priority: int = 0, trace: RequestTrace | None = None) -> AsyncGenerator[InferResponse, None]:
         """``stream`` for asyncio callers; `trace`: the request is traced (host/trace.py)."""
         if not self.decoupled:
-            yield await self.infer_async(inputs, outputs, model_version, parameters, request_id, timeout,
-                                         correlation_id, flags, timeout_us=timeout_us, priority=priority, trace=trace)
+            try:
+                response = await self.infer_async(inputs, outputs, model_version, parameters, request_id, timeout,
+                                                  correlation_id, flags, timeout_us=timeout_us, priority=priority,
+                                                  trace=trace)
+            except AnsweredError as e:  # as in ``stream``
+                response = InferResponse({}, {}, self.resolve_version(model_version), final=True, error=e)
+            yield response
             return
         begin = time.monotonic_ns()
         version = self.resolve_version(model_version)
