@@ -174,9 +174,9 @@ def test_summaries_measure_every_successful_request(server: ServeProcess, quiet_
 def test_failed_requests_are_not_observed(server: ServeProcess) -> None:
     for _ in range(3):
         infer(server, "failing")
-    for _ in range(2):
+    for _ in range(2):  # an execute that raises: a failure (an error response would be a success)
         with pytest.raises(InferenceServerException, match="asked to fail"):
-            infer(server, "failing", fail=1)
+            infer(server, "failing", **{"raise": 1})
     _, fams = metrics(server)
     failures = [s.value for s in fams["nv_inference_request_failure"].samples if dict(s.labels)["model"] == "failing"]
     assert sum(failures) == 2

@@ -4,7 +4,7 @@ gauges, checked against what real tritonclient requests did.
 
 One server serves the module. Its models run PROBE_PY (Y = X); request parameters:
 {"touch": path} creates `path` when execute starts (so a test knows the instance is busy),
-{"sleep_ms": n} sleeps first, {"fail": 1} answers with an error response.
+{"sleep_ms": n} sleeps first, {"fail": 1} answers with an error response, {"raise": 1} makes execute raise.
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ class TritonPythonModel:
             if "touch" in params:
                 open(params["touch"], "w").close()
             time.sleep(int(params.get("sleep_ms", 0)) / 1000.0)
-            if params.get("fail"):
+            if params.get("raise"):  # the execute fails: a BACKEND failure
+                raise pb_utils.TritonModelException("asked to fail")
+            if params.get("fail"):  # an error response: an answer, counted as a success
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("asked to fail")))
                 continue
             x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
