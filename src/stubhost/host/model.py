@@ -344,7 +344,7 @@ class LoadedModel(Retirable):
                                       timeout_us=timeout_us)
             return self._response(version, tensors, result, begin, request_id)
         except InferenceError as e:
-            self._failed(version, begin, stage, e, tensors)
+            self._count_error(version, begin, stage, e, tensors)
             raise
 
     async def _infer_async(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None, model_version: str | int,
@@ -375,7 +375,7 @@ class LoadedModel(Retirable):
                                                   timeout, timeout_us=timeout_us, trace=trace)
             return self._response(version, tensors, result, begin, request_id, None, trace)
         except (InferenceError, asyncio.CancelledError) as e:
-            self._failed(version, begin, stage, e, tensors)
+            self._count_error(version, begin, stage, e, tensors)
             raise
 
     def _submit(self, inputs: Mapping[str, Any], outputs: Sequence[str | RegionDestination] | None,
@@ -405,13 +405,13 @@ class LoadedModel(Retirable):
             if instance.state is not InstanceState.READY:
                 return False
         except InferenceError as e:
-            self._failed(version, begin, stage, e)
+            self._count_error(version, begin, stage, e)
             raise
         answered = functools.partial(self._submitted, version, tensors, begin, request_id, done)
         try:
             instance.submit(tensors, requested, request_id, parameters, correlation_id, flags, answered, linger)
         except InferenceError as e:
-            self._failed(version, begin, BACKEND, e)
+            self._count_error(version, begin, BACKEND, e)
             raise
         return True
 
@@ -425,16 +425,17 @@ class LoadedModel(Retirable):
             response: InferResponse | InferenceError = self._response(version, tensors, outcome, begin, request_id,
                                                                       ticket)
         except InferenceError as e:
-            self._failed(version, begin, ticket or BACKEND, e, tensors)
+            self._count_error(version, begin, ticket or BACKEND, e, tensors)
             response = e
         done(response)
 
-    def _failed(self, version: int | None, begin: int, stage: Ticket | str, error: BaseException,
-                tensors: Any = None) -> None:
-        """Counts a failed request, with its reason (``_failure_reason``). A request for an
-        unknown version has no statistics to count in; one the model's checks refused counts
-        (as in Triton). An error response the model answered with (AnsweredError) counts as a
-        success, as Triton 2.51 counts it (`tensors`, checked or as given: its batch size)."""
+    def _count_error(self, version: int | None, begin: int, stage: Ticket | str, error: BaseException,
+                     tensors: Any = None) -> None:
+        """Counts a request that ended with `error`: a failure, with its reason
+        (``failure_reason``), or, for an error response the model answered with (AnsweredError),
+        a success, as Triton 2.51 counts it (`tensors`: the checked inputs of a request sent
+        without a queue, for its batch size). A request for an unknown version has no statistics
+        to count in; one the model's checks refused counts (as in Triton)."""
         if stage == OTHER and isinstance(error, InferenceError):
             error.refused = True  # refused before it reached a queue or an instance (BLS words it so)
         if version is None:
@@ -509,7 +510,7 @@ class LoadedModel(Retirable):
                 stream = instance.open_stream(tensors, requested, request_id, parameters, correlation_id, flags,
                                               timeout_us)
         except InferenceError as e:
-            self._failed(version, begin, stage, e)
+            self._count_error(version, begin, stage, e)
             raise
         try:
             while not tally.done:
@@ -552,7 +553,7 @@ class LoadedModel(Retirable):
                 stream = instance.open_stream(tensors, requested, request_id, parameters, correlation_id, flags,
                                               timeout_us, process, trace)
         except (InferenceError, asyncio.CancelledError) as e:
-            self._failed(version, begin, stage, e)
+            self._count_error(version, begin, stage, e)
             raise
         try:
             while not tally.done:
